@@ -1,0 +1,41 @@
+# PagedKV Lab. `make book` and `make test` are the README's two commands.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
+
+.PHONY: setup book test lab export execute lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The pinned torch; on a GPU machine with another CUDA, install your torch into .venv first.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0"
+
+setup: $(BIN)/python
+	$(BIN)/pip install -q -e ".[book,dev]"
+
+book: setup  ## build the site from the committed outputs into _build/html
+	$(BIN)/jupyter-book build . -W --keep-going
+	@echo "Open $(CURDIR)/_build/html/index.html in a browser."
+
+test: setup  ## lint, unit, property and sync tests, then strict nbval over every chapter
+	$(BIN)/ruff check pagedkv_lab tests solutions
+	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest $(NBVAL) notebooks -q
+
+lab: setup  ## open the chapters in JupyterLab
+	$(BIN)/jupyter lab notebooks
+
+export: setup  ## regenerate pagedkv_lab/ modules from the notebooks' #| export cells
+	$(BIN)/python -m pagedkv_lab._export
+
+execute: setup  ## re-run every chapter top to bottom and store its outputs (CPU run: commit these)
+	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
+	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=1200 $$nb || exit 1; done
+
+lint: setup
+	$(BIN)/ruff check pagedkv_lab tests solutions
+
+clean:
+	rm -rf _build

@@ -1,0 +1,117 @@
+"""Automatic checks for the chapters' exercises.
+
+Each ``check_*`` takes the reader's function, runs it on cases with known
+answers, prints one line per case (✓ or ✗ with what was expected) and a hint on
+failure, and returns True when every case passed. Solutions live in the
+repository's ``solutions/`` folder, not here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from types import SimpleNamespace
+
+
+def _run(name: str, fn: Callable, cases: list[tuple[str, tuple, object]], hint: str) -> bool:
+    print(f"Checking {name}:")
+    passed = 0
+    for label, args, expected in cases:
+        try:
+            got = fn(*args)
+        except NotImplementedError:
+            print("  not attempted yet: replace the `raise NotImplementedError` with your code")
+            return False
+        except Exception as err:  # show the reader's error without a traceback wall
+            got = f"{type(err).__name__}: {err}"
+        if got == expected:
+            passed += 1
+            print(f"  ✓ {label}")
+        else:
+            print(f"  ✗ {label}: expected {expected!r}, got {got!r}")
+    ok = passed == len(cases)
+    print(f"{passed}/{len(cases)} passed." + ("" if ok else f" Hint: {hint}"))
+    return ok
+
+
+def _cfg(**fields) -> SimpleNamespace:
+    fields.setdefault("head_dim", None)
+    fields.setdefault("num_key_value_heads", None)
+    return SimpleNamespace(**fields)
+
+
+# Chapter 00 -----------------------------------------------------------------------------------------------
+
+def check_gqa_group(fn: Callable) -> bool:
+    """``fn(config) -> int``: how many query heads share each KV head."""
+    cases = [
+        ("Llama-2-7B (multi-head: no sharing)", (_cfg(num_attention_heads=32, num_key_value_heads=32),), 1),
+        ("Llama-2-70B (GQA)", (_cfg(num_attention_heads=64, num_key_value_heads=8),), 8),
+        ("multi-query attention", (_cfg(num_attention_heads=16, num_key_value_heads=1),), 16),
+        ("old config without num_key_value_heads", (_cfg(num_attention_heads=12),), 1),
+    ]
+    return _run("gqa_group", fn, cases, "num_key_value_heads may be missing (None): then every query head has its own KV head.")
+
+
+# Chapter 01 -----------------------------------------------------------------------------------------------
+
+def check_bytes_per_token(fn: Callable) -> bool:
+    """``fn(config, dtype_bytes) -> int``: KV-cache bytes one token costs."""
+    cases = [
+        ("Llama-2-7B fp16", (_cfg(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                                  hidden_size=4096), 2), 524288),
+        ("Llama-2-70B fp16 (GQA)", (_cfg(num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                                         hidden_size=8192), 2), 327680),
+        ("fp32 storage", (_cfg(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               hidden_size=64), 4), 512),
+        ("explicit head_dim != hidden/heads", (_cfg(num_hidden_layers=4, num_attention_heads=8,
+                                                    num_key_value_heads=2, hidden_size=256, head_dim=64), 2), 2048),
+    ]
+    return _run("bytes_per_token", fn, cases,
+                "2 (K and V) x layers x KV heads (not query heads) x head_dim x bytes; prefer config.head_dim when set.")
+
+
+def check_max_requests(fn: Callable) -> bool:
+    """``fn(budget_bytes, bytes_per_token, max_len) -> int``: max-length requests that fit a KV budget."""
+    cases = [
+        ("exact fit", (2 * 1024 * 2048, 1024, 2048), 2),
+        ("remainder is wasted", (5 * 1024 * 2048 - 1, 1024, 2048), 4),
+        ("nothing fits", (1000, 1024, 2048), 0),
+        ("negative budget (weights do not fit)", (-10, 1024, 2048), 0),
+    ]
+    return _run("max_requests", fn, cases, "floor division; a request needs all max_len tokens; never negative.")
+
+
+# Chapter 02 -----------------------------------------------------------------------------------------------
+
+def _best_fit_reference(gaps: list[tuple[int, int]], n: int) -> int | None:
+    fitting = [(length, start) for start, length in gaps if length >= n]
+    return min(fitting)[1] if fitting else None
+
+
+def check_best_fit(fn: Callable) -> bool:
+    """``fn(gaps, n) -> start | None``: best-fit choice among free ``(start, length)`` gaps."""
+    rng = random.Random(2)
+    cases = [
+        ("one gap that fits", ([(0, 10)], 4), 0),
+        ("smallest sufficient gap wins", ([(0, 10), (20, 5), (40, 6)], 5), 20),
+        ("ties go to the lowest address", ([(50, 8), (10, 8), (30, 9)], 8), 10),
+        ("nothing fits", ([(0, 3), (10, 2)], 4), None),
+    ]
+    for i in range(4):
+        gaps = [(100 * j, rng.randint(1, 60)) for j in range(rng.randint(1, 8))]
+        n = rng.randint(1, 60)
+        cases.append((f"random case {i + 1}", (gaps, n), _best_fit_reference(gaps, n)))
+    return _run("best_fit", fn, cases, "among gaps with length >= n take the smallest length; break ties by start.")
+
+
+def check_external_fragmentation(fn: Callable) -> bool:
+    """``fn(gap_lengths, need) -> int``: free slots that are unusable for a request needing ``need`` slots."""
+    cases = [
+        ("fits in one gap: nothing is external", ([100, 300], 250), 0),
+        ("enough in total, no single gap", ([100, 200, 150], 250), 450),
+        ("not enough in total: shortage, not fragmentation", ([100, 50], 400), 0),
+        ("no gaps at all", ([], 10), 0),
+    ]
+    return _run("external_fragmentation", fn, cases,
+                "count the free slots only when the request is blocked by fragmentation alone: sum >= need but max < need.")

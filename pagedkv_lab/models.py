@@ -1,0 +1,138 @@
+"""Models the course runs: seeded random-weight offline models, or real checkpoints by name.
+
+No model hub is reachable in CI, so the default models are built from configs
+shipped in ``pagedkv_lab/configs`` with seeded random weights, and come with a
+byte-level tokenizer that needs no download. Their text is meaningless; their
+shapes, memory and speed are those of real Llama and Qwen2 models, which is all
+the course measures. With a network, ``load_model("Qwen/Qwen2.5-0.5B")`` loads a
+real checkpoint through the same function.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+#: The offline models: name -> what it is for.
+OFFLINE_MODELS: dict[str, str] = {
+    "tiny-llama": "2-layer Llama, GQA 4:2, head_dim 16: tests and quick demos",
+    "small-llama": "~30M-parameter Llama, GQA 8:4, head_dim 64: benchmarks",
+    "tiny-qwen2": "2-layer Qwen2, q/k/v bias, tied embeddings, GQA 6:1: tests",
+    "small-qwen2": "~30M-parameter Qwen2, GQA 8:2, head_dim 64: benchmarks",
+}
+
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+_NUM_SPECIAL = 3  # ids 0, 1, 2; byte b gets id b + 3
+
+
+def _read_config_json(name: str) -> dict:
+    text = resources.files("pagedkv_lab.configs").joinpath(f"{name}.json").read_text()
+    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+
+
+def offline_config(name: str) -> PretrainedConfig:
+    """The transformers config of an offline model (see `OFFLINE_MODELS`)."""
+    if name not in OFFLINE_MODELS:
+        raise ValueError(f"unknown offline model {name!r}; choose one of {sorted(OFFLINE_MODELS)}")
+    fields = _read_config_json(name)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's reversible map from the 256 byte values to printable characters, in byte order."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+@lru_cache(maxsize=4)
+def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer that needs no download: one token per UTF-8 byte.
+
+    Ids: 0 ``<pad>``, 1 ``<s>`` (prepended to every encoded text), 2 ``</s>``,
+    3..258 the bytes 0..255, then reserved tokens up to ``vocab_size`` so that the
+    tokenizer covers every id the model can produce (they decode to nothing).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    if vocab_size < 256 + _NUM_SPECIAL:
+        raise ValueError(f"vocab_size must be at least {256 + _NUM_SPECIAL} for a byte tokenizer, got {vocab_size}")
+    vocab = {PAD: 0, BOS: 1, EOS: 2}
+    vocab.update({ch: b + _NUM_SPECIAL for b, ch in enumerate(_bytes_to_unicode())})
+    reserved = [f"<reserved_{i}>" for i in range(vocab_size - len(vocab))]
+    vocab.update({tok: len(vocab) + i for i, tok in enumerate(reserved)})
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    core.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, 1)])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, additional_special_tokens=reserved
+    )
+    tok.padding_side = "left"  # decoder-only generation pads on the left
+    return tok
+
+
+def load_model(
+    name: str = "tiny-llama",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    local_files_only: bool = False,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Return ``(model, tokenizer)`` in eval mode.
+
+    ``name`` is an offline model (``"tiny-llama"``, ``"small-llama"``,
+    ``"tiny-qwen2"``, ``"small-qwen2"``: seeded random weights, so the same seed
+    always gives the same model) or a Hugging Face checkpoint name, which needs
+    a network the first time (``local_files_only=True``: only the local Hub cache).
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if name in OFFLINE_MODELS:
+        config = offline_config(name)
+        gen = torch.random.fork_rng(devices=[])  # don't disturb the caller's random stream
+        with gen:
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        tokenizer = build_tokenizer(config.vocab_size)
+    else:
+        try:
+            from transformers import AutoTokenizer
+
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto", local_files_only=local_files_only)
+            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
+        except OSError as err:
+            raise RuntimeError(
+                f"could not load {name!r} from the Hugging Face Hub (no network, not cached, or no such model). "
+                f"Offline models that need no download: {sorted(OFFLINE_MODELS)}"
+            ) from err
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+    if dtype is not None:
+        model = model.to(dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.to(device).eval(), tokenizer
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied weights counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

@@ -1,0 +1,237 @@
+"""Seeded serving workloads and an event-driven simulator of a KV-cache memory pool.
+
+The simulator is deliberately small: it knows nothing about models, only about
+how many token slots each request holds. Time advances in *steps*; in one step
+every running request produces one token (iteration-level batching, as in Orca
+and vLLM). A memory pool decides whether a request may start and how its
+memory grows; chapters 02 (contiguous reservation) and 03 (paging) plug in
+their own pools and are measured on the same trace.
+
+Workloads
+---------
+W1, chat-like (`chat_workload`): prompt and output lengths are log-normal, with
+means matched to the ShareGPT statistics that Kwon et al. (SOSP 2023, §6.1)
+report for their serving traces: 161 input and 338 output tokens on average.
+The spread (``sigma``) is our choice, picked to give the heavy right tail that
+paper's Figure 11 shows; the paper does not publish it. Requests whose prompt
+plus output exceed the maximum model length are drawn again.
+
+W2, uniform (`uniform_workload`): input and output lengths uniform in
+[100, 1024], as in nano-vllm's benchmark, EOS ignored.
+
+Arrivals are a Poisson process (exponential gaps) with a rate in requests per step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+SHAREGPT_MEAN_PROMPT = 161.31  # Kwon et al. 2023, §6.1 (ShareGPT)
+SHAREGPT_MEAN_OUTPUT = 337.99
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a trace: when it arrives and how long it is."""
+
+    id: int
+    arrival: float  # in steps
+    prompt_len: int
+    output_len: int
+
+    @property
+    def total_len(self) -> int:
+        """Tokens the request holds when it finishes (prompt + output)."""
+        return self.prompt_len + self.output_len
+
+
+def _arrivals(rng: np.random.Generator, n: int, rate: float | None) -> np.ndarray:
+    if rate is None or math.isinf(rate):
+        return np.zeros(n)
+    if rate <= 0:
+        raise ValueError(f"arrival rate must be positive (requests per step), got {rate}")
+    return np.cumsum(rng.exponential(1.0 / rate, size=n))
+
+
+def _lognormal(rng: np.random.Generator, mean: float, sigma: float) -> int:
+    mu = math.log(mean) - sigma**2 / 2  # so that E[X] = mean
+    return max(1, int(round(rng.lognormal(mu, sigma))))
+
+
+def chat_workload(
+    n: int,
+    *,
+    seed: int = 0,
+    arrival_rate: float | None = None,
+    max_model_len: int = 2048,
+    mean_prompt: float = SHAREGPT_MEAN_PROMPT,
+    mean_output: float = SHAREGPT_MEAN_OUTPUT,
+    sigma_prompt: float = 1.0,
+    sigma_output: float = 0.8,
+) -> list[Request]:
+    """W1: ``n`` chat-like requests with heavy-tailed, ShareGPT-like lengths (see module doc).
+
+    ``arrival_rate`` is in requests per step; ``None`` means all arrive at step 0.
+    """
+    if n < 1:
+        raise ValueError(f"need at least one request, got n={n}")
+    rng = np.random.default_rng(seed)
+    lengths = []
+    while len(lengths) < n:
+        p, o = _lognormal(rng, mean_prompt, sigma_prompt), _lognormal(rng, mean_output, sigma_output)
+        if p + o <= max_model_len:
+            lengths.append((p, o))
+    times = _arrivals(rng, n, arrival_rate)
+    return [Request(i, float(t), p, o) for i, (t, (p, o)) in enumerate(zip(times, lengths))]
+
+
+def uniform_workload(
+    n: int,
+    *,
+    seed: int = 0,
+    arrival_rate: float | None = None,
+    low: int = 100,
+    high: int = 1024,
+) -> list[Request]:
+    """W2: ``n`` requests with prompt and output lengths uniform in ``[low, high]`` (nano-vllm's bench)."""
+    if n < 1 or not 1 <= low <= high:
+        raise ValueError(f"need n >= 1 and 1 <= low <= high, got n={n}, low={low}, high={high}")
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(low, high + 1, size=n)
+    outputs = rng.integers(low, high + 1, size=n)
+    times = _arrivals(rng, n, arrival_rate)
+    return [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(times, prompts, outputs))]
+
+
+class MemoryPool(Protocol):
+    """What the simulator needs from a KV-cache memory manager (token-slot granularity)."""
+
+    capacity: int
+
+    def try_admit(self, req: Request) -> bool:
+        """Give ``req`` memory for its prompt (and whatever the policy reserves); False if it does not fit."""
+
+    def append_token(self, req: Request, held: int) -> bool:
+        """``req`` now holds ``held`` tokens; False if the pool cannot give it room for the new one."""
+
+    def release(self, req: Request) -> None:
+        """Free everything ``req`` holds."""
+
+    def usage(self, held: dict[int, int], waiting_head: Request | None) -> dict[str, int]:
+        """Split ``capacity`` slots into states (keys of `pagedkv_lab.plotting.COLORS`); must sum to capacity."""
+
+
+@dataclass
+class SimResult:
+    """What happened to the pool, step by step."""
+
+    capacity: int
+    usage: dict[str, np.ndarray]  # state -> slots in that state at each step
+    running: np.ndarray  # requests running at each step
+    waiting: np.ndarray  # requests that had arrived but not started
+    finish_step: dict[int, int]
+    start_step: dict[int, int]
+    preemptions: int = 0
+    snapshots: list[dict] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len(self.running)
+
+    def fractions(self, loaded_only: bool = True) -> dict[str, float]:
+        """Mean fraction of the pool in each state; ``loaded_only`` averages over steps with requests waiting."""
+        mask = self.waiting > 0 if loaded_only and (self.waiting > 0).any() else np.ones(self.steps, bool)
+        return {k: float(v[mask].mean() / self.capacity) for k, v in self.usage.items()}
+
+    @property
+    def max_running(self) -> int:
+        return int(self.running.max()) if self.steps else 0
+
+    def mean_running(self, loaded_only: bool = True) -> float:
+        mask = self.waiting > 0 if loaded_only and (self.waiting > 0).any() else np.ones(self.steps, bool)
+        return float(self.running[mask].mean())
+
+
+def simulate(
+    requests: list[Request],
+    pool: MemoryPool,
+    *,
+    max_num_seqs: int | None = None,
+    max_steps: int = 1_000_000,
+    snapshot_every: int | None = None,
+) -> SimResult:
+    """Serve ``requests`` through ``pool`` one step at a time and record its state after each step.
+
+    Each step: admit waiting requests first-come-first-served while the pool
+    accepts them (a request that does not fit blocks those behind it); every
+    running request produces one token (a newly admitted one holds its prompt
+    plus that token); the pool's state is recorded; finished requests free
+    their memory. If the pool cannot grow a request, the most recently started
+    request is preempted: it frees everything and goes back to the head of the
+    queue to start over (recompute). With ``snapshot_every``, the layout
+    ``{"step", "held", "waiting_head", "layout"}`` is kept (``layout`` from
+    ``pool.layout()`` when the pool has one) every that many steps.
+    """
+    pending = deque(sorted(requests, key=lambda r: (r.arrival, r.id)))
+    waiting: deque[Request] = deque()
+    running: dict[int, Request] = {}  # insertion order = start order
+    held: dict[int, int] = {}
+    start: dict[int, int] = {}
+    finish: dict[int, int] = {}
+    usage: dict[str, list[int]] = {}
+    n_running, n_waiting, snaps = [], [], []
+    preemptions = 0
+    step = 0
+    while pending or waiting or running:
+        if step >= max_steps:
+            raise RuntimeError(f"simulation did not finish in {max_steps} steps")
+        while pending and pending[0].arrival <= step:
+            waiting.append(pending.popleft())
+        while waiting and (max_num_seqs is None or len(running) < max_num_seqs):
+            req = waiting[0]
+            if not pool.try_admit(req):
+                break
+            waiting.popleft()
+            running[req.id], held[req.id] = req, req.prompt_len
+            start.setdefault(req.id, step)
+        for rid in list(running):
+            if rid not in running:  # preempted earlier in this loop
+                continue
+            while not pool.append_token(running[rid], held[rid] + 1):
+                victim = next(reversed(running))
+                pool.release(running[victim])
+                waiting.appendleft(running.pop(victim))
+                del held[victim]
+                preemptions += 1
+                if victim == rid:
+                    break
+            if rid in running:
+                held[rid] += 1
+        head = waiting[0] if waiting else None
+        for key, value in pool.usage(held, head).items():
+            usage.setdefault(key, []).append(value)
+        n_running.append(len(running))
+        n_waiting.append(len(waiting))
+        if snapshot_every and step % snapshot_every == 0:
+            layout = pool.layout() if hasattr(pool, "layout") else None
+            snaps.append({"step": step, "held": dict(held), "waiting_head": head, "layout": layout})
+        for rid in [r for r, req in running.items() if held[r] >= req.total_len]:
+            pool.release(running.pop(rid))
+            del held[rid]
+            finish[rid] = step
+        step += 1
+    return SimResult(
+        capacity=pool.capacity,
+        usage={k: np.asarray(v) for k, v in usage.items()},
+        running=np.asarray(n_running),
+        waiting=np.asarray(n_waiting),
+        finish_step=finish,
+        start_step=start,
+        preemptions=preemptions,
+        snapshots=snaps,
+    )

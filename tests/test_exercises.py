@@ -1,0 +1,42 @@
+"""Each exercise check passes the published solution and fails wrong answers."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from pagedkv_lab import exercises
+
+SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
+
+
+def _solution(chapter: str):
+    spec = importlib.util.spec_from_file_location(f"solutions_{chapter}", SOLUTIONS / f"{chapter}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CASES = [
+    ("ch00", "gqa_group", exercises.check_gqa_group, lambda cfg: cfg.num_attention_heads // cfg.num_key_value_heads),
+    ("ch01", "bytes_per_token", exercises.check_bytes_per_token,
+     lambda cfg, b: 2 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * b),
+    ("ch01", "max_requests", exercises.check_max_requests, lambda budget, bpt, n: budget // (bpt * n)),
+    ("ch02", "best_fit", exercises.check_best_fit, lambda gaps, n: next((s for s, g in gaps if g >= n), None)),
+    ("ch02", "external_fragmentation", exercises.check_external_fragmentation, lambda gaps, need: sum(gaps)),
+]
+
+
+@pytest.mark.parametrize("chapter,name,check,wrong", CASES, ids=[c[1] for c in CASES])
+def test_check_accepts_solution_and_rejects_wrong_answer(chapter, name, check, wrong, capsys):
+    assert check(getattr(_solution(chapter), name)) is True
+    assert check(wrong) is False
+    assert "Hint:" in capsys.readouterr().out
+
+
+def test_unattempted_exercise_is_reported_not_crashed(capsys):
+    def todo(*args):
+        raise NotImplementedError
+
+    assert exercises.check_best_fit(todo) is False
+    assert "not attempted yet" in capsys.readouterr().out
