@@ -157,7 +157,7 @@ class ContiguousPool:
         """Slots ``req`` reserves at admission."""
         return reservation(req, self.policy, self.max_model_len)
 
-    def try_admit(self, req: Request) -> bool:
+    def try_admit(self, req: Request, num_tokens: int) -> bool:
         if req.total_len > self.max_model_len:
             raise ValueError(
                 f"request {req.id} needs {req.total_len} tokens, more than max_model_len={self.max_model_len}"

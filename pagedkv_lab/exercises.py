@@ -115,3 +115,30 @@ def check_external_fragmentation(fn: Callable) -> bool:
     ]
     return _run("external_fragmentation", fn, cases,
                 "count the free slots only when the request is blocked by fragmentation alone: sum >= need but max < need.")
+
+
+# Chapter 03 -----------------------------------------------------------------------------------------------
+
+def check_blocks_for(fn: Callable) -> bool:
+    """``fn(num_tokens, block_size) -> int``: blocks a sequence of ``num_tokens`` occupies."""
+    cases = [
+        ("empty sequence", (0, 16), 0),
+        ("one token", (1, 16), 1),
+        ("exactly one block", (16, 16), 1),
+        ("one past a block", (17, 16), 2),
+        ("block size 1", (5, 1), 5),
+        ("long sequence", (4097, 128), 33),
+    ]
+    return _run("blocks_for", fn, cases, "ceiling division: (num_tokens + block_size - 1) // block_size.")
+
+
+def check_slot_of(fn: Callable) -> bool:
+    """``fn(block_table, block_size, position) -> int``: physical slot of a token."""
+    table = [7, 2, 9]
+    cases = [
+        ("first token", (table, 4, 0), 28),
+        ("last slot of the first block", (table, 4, 3), 31),
+        ("first slot of the second block", (table, 4, 4), 8),
+        ("inside the third block", (table, 4, 10), 38),
+    ]
+    return _run("slot_of", fn, cases, "slot = block_table[position // block_size] * block_size + position % block_size.")

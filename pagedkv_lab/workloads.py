@@ -113,8 +113,9 @@ class MemoryPool(Protocol):
 
     capacity: int
 
-    def try_admit(self, req: Request) -> bool:
-        """Give ``req`` memory for its prompt (and whatever the policy reserves); False if it does not fit."""
+    def try_admit(self, req: Request, num_tokens: int) -> bool:
+        """Give ``req`` memory for ``num_tokens`` tokens (its prompt, or all it had when preempted)
+        plus whatever the policy reserves; False if it does not fit now."""
 
     def append_token(self, req: Request, held: int) -> bool:
         """``req`` now holds ``held`` tokens; False if the pool cannot give it room for the new one."""
@@ -173,7 +174,8 @@ def simulate(
     plus that token); the pool's state is recorded; finished requests free
     their memory. If the pool cannot grow a request, the most recently started
     request is preempted: it frees everything and goes back to the head of the
-    queue to start over (recompute). With ``snapshot_every``, the layout
+    queue, keeping the tokens it generated; when readmitted it recomputes their
+    K/V in one prefill, as vLLM's recompute preemption does. With ``snapshot_every``, the layout
     ``{"step", "held", "waiting_head", "layout"}`` is kept (``layout`` from
     ``pool.layout()`` when the pool has one) every that many steps.
     """
@@ -181,6 +183,7 @@ def simulate(
     waiting: deque[Request] = deque()
     running: dict[int, Request] = {}  # insertion order = start order
     held: dict[int, int] = {}
+    resume: dict[int, int] = {}  # preempted request -> tokens it held
     start: dict[int, int] = {}
     finish: dict[int, int] = {}
     usage: dict[str, list[int]] = {}
@@ -194,10 +197,12 @@ def simulate(
             waiting.append(pending.popleft())
         while waiting and (max_num_seqs is None or len(running) < max_num_seqs):
             req = waiting[0]
-            if not pool.try_admit(req):
+            num_tokens = resume.get(req.id, req.prompt_len)
+            if not pool.try_admit(req, num_tokens):
                 break
             waiting.popleft()
-            running[req.id], held[req.id] = req, req.prompt_len
+            resume.pop(req.id, None)
+            running[req.id], held[req.id] = req, num_tokens
             start.setdefault(req.id, step)
         for rid in list(running):
             if rid not in running:  # preempted earlier in this loop
@@ -206,7 +211,7 @@ def simulate(
                 victim = next(reversed(running))
                 pool.release(running[victim])
                 waiting.appendleft(running.pop(victim))
-                del held[victim]
+                resume[victim] = held.pop(victim)
                 preemptions += 1
                 if victim == rid:
                     break
