@@ -13,7 +13,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 
-def _run(name: str, fn: Callable, cases: list[tuple[str, tuple, object]], hint: str) -> bool:
+def _run(name: str, fn: Callable, cases: list[tuple[str, tuple, object]], hint: str,
+         same: Callable[[object, object], bool] | None = None) -> bool:
     print(f"Checking {name}:")
     passed = 0
     for label, args, expected in cases:
@@ -24,7 +25,7 @@ def _run(name: str, fn: Callable, cases: list[tuple[str, tuple, object]], hint: 
             return False
         except Exception as err:  # show the reader's error without a traceback wall
             got = f"{type(err).__name__}: {err}"
-        if got == expected:
+        if (same(got, expected) if same is not None and not isinstance(got, str) else got == expected):
             passed += 1
             print(f"  ✓ {label}")
         else:
@@ -142,3 +143,39 @@ def check_slot_of(fn: Callable) -> bool:
         ("inside the third block", (table, 4, 10), 38),
     ]
     return _run("slot_of", fn, cases, "slot = block_table[position // block_size] * block_size + position % block_size.")
+
+
+# Chapter 04 -----------------------------------------------------------------------------------------------
+
+def check_merge_two(fn: Callable) -> bool:
+    """``fn(out_a, lse_a, out_b, lse_b) -> out``: merge two partial attention results of one query."""
+    import torch
+
+    gen = torch.Generator().manual_seed(4)
+    cases = []
+    for label, n_a, n_b in [("equal halves", 8, 8), ("uneven split", 3, 29), ("one key on one side", 1, 15)]:
+        scores = torch.randn(n_a + n_b, dtype=torch.float64, generator=gen) * 3
+        values = torch.randn(n_a + n_b, 4, dtype=torch.float64, generator=gen)
+        exact = torch.softmax(scores, 0) @ values
+        parts = []
+        for sl in (slice(0, n_a), slice(n_a, None)):
+            parts += [torch.softmax(scores[sl], 0) @ values[sl], torch.logsumexp(scores[sl], 0)]
+        cases.append((label, tuple(parts), exact))
+
+    def same(got, expected) -> bool:
+        got = torch.as_tensor(got, dtype=torch.float64)
+        return got.shape == expected.shape and torch.allclose(got, expected, atol=1e-10)
+
+    return _run("merge_two", fn, cases, "weights are exp(lse_a - lse) and exp(lse_b - lse), "
+                "with lse = logaddexp(lse_a, lse_b).", same=same)
+
+
+def check_visible_keys(fn: Callable) -> bool:
+    """``fn(context_len, query_len, j) -> int``: keys the j-th new query of a prefill attends to."""
+    cases = [
+        ("whole prompt, first query", (10, 10, 0), 1),
+        ("whole prompt, last query", (10, 10, 9), 10),
+        ("decode: one new token", (37, 1, 0), 37),
+        ("chunk after 20 cached tokens", (28, 8, 3), 24),
+    ]
+    return _run("visible_keys", fn, cases, "query j sits at position context_len - query_len + j and sees itself.")

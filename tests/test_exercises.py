@@ -24,6 +24,10 @@ CASES = [
     ("ch01", "max_requests", exercises.check_max_requests, lambda budget, bpt, n: budget // (bpt * n)),
     ("ch02", "best_fit", exercises.check_best_fit, lambda gaps, n: next((s for s, g in gaps if g >= n), None)),
     ("ch02", "external_fragmentation", exercises.check_external_fragmentation, lambda gaps, need: sum(gaps)),
+    ("ch03", "blocks_for", exercises.check_blocks_for, lambda n, bs: n // bs),
+    ("ch03", "slot_of", exercises.check_slot_of, lambda table, bs, pos: table[pos // bs] + pos % bs),
+    ("ch04", "merge_two", exercises.check_merge_two, lambda oa, la, ob, lb: (oa + ob) / 2),
+    ("ch04", "visible_keys", exercises.check_visible_keys, lambda ctx, qlen, j: j + 1),
 ]
 
 

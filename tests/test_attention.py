@@ -1,0 +1,134 @@
+"""Paged attention paths against a float64 reference, on fresh random shapes (Triton in its interpreter)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pagedkv_lab import attention
+from pagedkv_lab.attention import (
+    merge_partial_attention,
+    paged_decode,
+    paged_decode_torch,
+    paged_decode_triton,
+    paged_prefill_torch,
+    reference_paged_attention,
+)
+
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def problem(seed, seqs, heads, kv_heads, head_dim, block_size, max_blocks, dtype=torch.float32, share=False):
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = seqs * max_blocks + 2
+    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
+    tables = torch.randperm(num_blocks, generator=g)[: seqs * max_blocks].reshape(seqs, max_blocks).int()
+    if share:
+        tables[:, 0] = tables[0, 0]
+    lens = torch.randint(1, max_blocks * block_size + 1, (seqs,), generator=g)
+    q = torch.randn(seqs, heads, head_dim, generator=g).to(dtype)
+    return q, k, v, tables, lens
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Kernel output buffers start as NaN, so unwritten elements fail the comparison (the patch holds
+    for every generated example)."""
+    monkeypatch.setattr(attention, "_new_buffer",
+                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
+
+
+shapes = st.tuples(
+    st.integers(1, 4),  # seqs
+    st.sampled_from([(4, 4), (8, 2), (6, 1), (2, 1), (12, 4)]),  # (heads, kv_heads)
+    st.sampled_from([16, 64, 80, 128]),  # head_dim
+    st.sampled_from([8, 16, 32, 64, 128]),  # block size
+    st.integers(1, 4),  # max blocks per sequence
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shapes, st.sampled_from(list(TOLERANCE)), st.integers(0, 2**31 - 1), st.booleans(), st.sampled_from([None, 1, 2]))
+def test_triton_decode_matches_float64(poisoned, shape, dtype, seed, share, blocks_per_part):
+    seqs, (heads, kvh), head_dim, bs, mb = shape
+    q, k, v, tables, lens = problem(seed, seqs, heads, kvh, head_dim, bs, mb, dtype, share)
+    ref = reference_paged_attention(q, k, v, tables, lens)
+    out = paged_decode_triton(q, k, v, tables, lens, blocks_per_part=blocks_per_part)
+    assert out.dtype == dtype and out.shape == q.shape and out.isfinite().all()
+    assert (out.double() - ref).abs().max() <= TOLERANCE[dtype] * max(1.0, ref.abs().max().item())
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes, st.integers(0, 2**31 - 1), st.booleans())
+def test_torch_decode_and_prefill_match_float64(shape, seed, share):
+    seqs, (heads, kvh), head_dim, bs, mb = shape
+    q, k, v, tables, lens = problem(seed, seqs, heads, kvh, head_dim, bs, mb, share=share)
+    ref = reference_paged_attention(q, k, v, tables, lens)
+    assert (paged_decode_torch(q, k, v, tables, lens, workspace={}).double() - ref).abs().max() < 2e-5
+    g = torch.Generator().manual_seed(seed + 1)
+    qlens = torch.minimum(torch.randint(0, 40, (seqs,), generator=g), lens)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), qlens.cumsum(0)])
+    qp = torch.randn(int(starts[-1]), heads, head_dim, generator=g)
+    ref_p = reference_paged_attention(qp, k, v, tables, lens, starts)
+    assert (paged_prefill_torch(qp, k, v, tables, lens, starts).double() - ref_p).abs().max() < 2e-5
+
+
+def test_prefill_of_a_whole_prompt_equals_causal_sdpa():
+    torch.manual_seed(0)
+    L, H, D, bs = 37, 4, 16, 8
+    q, k, v = torch.randn(L, H, D), torch.randn(L, H, D), torch.randn(L, H, D)
+    blocks = -(-L // bs)
+    k_cache = torch.zeros(blocks + 2, bs, H, D)
+    v_cache = torch.zeros_like(k_cache)
+    table = torch.tensor([[5, 0, 3, 1, 2]], dtype=torch.int32)[:, :blocks]
+    slots = table[0].long()[torch.arange(L) // bs] * bs + torch.arange(L) % bs
+    k_cache.view(-1, H, D)[slots], v_cache.view(-1, H, D)[slots] = k, v
+    out = paged_prefill_torch(q, k_cache, v_cache, table, torch.tensor([L]), torch.tensor([0, L]))
+    expected = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
+                                                                v.transpose(0, 1), is_causal=True).transpose(0, 1)
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_merge_is_exact_for_any_split():
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(50, dtype=torch.float64, generator=g) * 4
+    v = torch.randn(50, 3, dtype=torch.float64, generator=g)
+    exact = torch.softmax(s, 0) @ v
+    for cuts in ([25], [1, 2, 49], [10, 20, 30, 40]):
+        bounds = [0, *cuts, 50]
+        parts = [(torch.softmax(s[a:b], 0) @ v[a:b], torch.logsumexp(s[a:b], 0)) for a, b in zip(bounds, bounds[1:])]
+        outs = torch.stack([o for o, _ in parts])
+        lses = torch.stack([lse for _, lse in parts])
+        assert torch.allclose(merge_partial_attention(outs, lses), exact, atol=1e-13)
+    empty = merge_partial_attention(torch.stack([exact, torch.zeros(3, dtype=torch.float64)]),
+                                    torch.tensor([0.0, -math.inf], dtype=torch.float64))
+    assert torch.allclose(empty, exact)
+
+
+def test_bad_arguments_fail_with_clear_messages():
+    q, k, v, tables, lens = problem(0, 2, 4, 2, 16, 8, 2)
+    with pytest.raises(ValueError, match="cannot share"):
+        paged_decode_torch(q[:, :3], k, v, tables, lens)
+    with pytest.raises(ValueError, match="head_dim"):
+        paged_decode_torch(q[..., :8], k, v, tables, lens)
+    with pytest.raises(ValueError, match="fit the sequence's block table"):
+        paged_decode_torch(q, k, v, tables, lens + 100)
+    with pytest.raises(ValueError, match="must match"):
+        paged_decode_torch(q, k, v.half(), tables, lens)
+    with pytest.raises(ValueError, match="2-D int"):
+        paged_decode_torch(q, k, v, tables.float(), lens)
+    with pytest.raises(ValueError, match="power-of-two block size"):
+        q2, k2, v2, t2, l2 = problem(0, 2, 4, 2, 16, 12, 2)
+        paged_decode_triton(q2, k2, v2, t2, l2)
+    with pytest.raises(ValueError, match="share one of"):
+        paged_decode_triton(q.half(), k, v, tables, lens)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        paged_prefill_torch(q, k, v, tables, lens, torch.tensor([0, 1]))
+
+
+def test_dispatch_uses_the_torch_path_on_cpu():
+    q, k, v, tables, lens = problem(3, 3, 8, 2, 64, 16, 3)
+    assert torch.equal(paged_decode(q, k, v, tables, lens), paged_decode_torch(q, k, v, tables, lens))
