@@ -179,3 +179,26 @@ def check_visible_keys(fn: Callable) -> bool:
         ("chunk after 20 cached tokens", (28, 8, 3), 24),
     ]
     return _run("visible_keys", fn, cases, "query j sits at position context_len - query_len + j and sees itself.")
+
+
+# Chapter 05 -----------------------------------------------------------------------------------------------
+
+def check_positions_for(fn: Callable) -> bool:
+    """``fn(num_computed, num_new) -> list[int]``: position ids of a sequence's new tokens."""
+    cases = [
+        ("a prompt of 4", (0, 4), [0, 1, 2, 3]),
+        ("a decode step after 17 tokens", (17, 1), [17]),
+        ("a chunk after 7 tokens", (7, 3), [7, 8, 9]),
+    ]
+    return _run("positions_for", lambda a, b: list(fn(a, b)), cases,
+                "new tokens continue where the cached ones stop: range(num_computed, num_computed + num_new).")
+
+
+def check_logits_rows(fn: Callable) -> bool:
+    """``fn(query_lens) -> list[int]``: row of each sequence's last new token in the packed batch."""
+    cases = [
+        ("one prompt", ([5],), [4]),
+        ("decodes only", ([1, 1, 1],), [0, 1, 2]),
+        ("prefill, decode, chunk", ([5, 1, 3],), [4, 5, 8]),
+    ]
+    return _run("logits_rows", lambda q: list(fn(q)), cases, "cumulative sum of the query lengths, minus one.")

@@ -29,6 +29,7 @@ OFFLINE_MODELS: dict[str, str] = {
     "tiny-llama": "2-layer Llama, GQA 4:2, head_dim 16: tests and quick demos",
     "small-llama": "~30M-parameter Llama, GQA 8:4, head_dim 64: benchmarks",
     "tiny-qwen2": "2-layer Qwen2, q/k/v bias, tied embeddings, GQA 6:1: tests",
+    "tiny-mistral": "2-layer Mistral, GQA 8:2, head_dim 8: tests",
     "small-qwen2": "~30M-parameter Qwen2, GQA 8:2, head_dim 64: benchmarks",
 }
 
@@ -101,7 +102,7 @@ def load_model(
     """Return ``(model, tokenizer)`` in eval mode.
 
     ``name`` is an offline model (``"tiny-llama"``, ``"small-llama"``,
-    ``"tiny-qwen2"``, ``"small-qwen2"``: seeded random weights, so the same seed
+    ``"tiny-qwen2"``, ``"small-qwen2"``, ``"tiny-mistral"``: seeded random weights, so the same seed
     always gives the same model) or a Hugging Face checkpoint name, which needs
     a network the first time (``local_files_only=True``: only the local Hub cache).
     """

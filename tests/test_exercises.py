@@ -28,6 +28,8 @@ CASES = [
     ("ch03", "slot_of", exercises.check_slot_of, lambda table, bs, pos: table[pos // bs] + pos % bs),
     ("ch04", "merge_two", exercises.check_merge_two, lambda oa, la, ob, lb: (oa + ob) / 2),
     ("ch04", "visible_keys", exercises.check_visible_keys, lambda ctx, qlen, j: j + 1),
+    ("ch05", "positions_for", exercises.check_positions_for, lambda c, n: list(range(n))),
+    ("ch05", "logits_rows", exercises.check_logits_rows, lambda q: [n - 1 for n in q]),
 ]
 
 
