@@ -1,6 +1,7 @@
 """Benchmarks that compare side by side, in one run, on the machine at hand.
 
     python -m pagedkv_lab.bench kernel      # paged vs contiguous decode attention
+    python -m pagedkv_lab.bench serve       # our engine vs transformers, one trace, one KV budget
 
 Results are ratios measured in the same process, never absolute targets: a
 laptop and an H100 give different times but comparable ratios.
@@ -133,6 +134,166 @@ def print_kernel_table(rows: list[dict]) -> None:
         print(line)
 
 
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Serving: our engine against transformers, same model, same trace, same KV budget.
+
+SYSTEMS = ("pagedkv", "contiguous", "hf-generate", "hf-continuous")
+
+
+def scaled_chat_trace(num_requests: int, max_model_len: int, seed: int = 0) -> list:
+    """W1 with lengths scaled to ``max_model_len`` (means 161 and 338 at 2048, proportionally less below)."""
+    from .workloads import SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT, chat_workload
+
+    f = max_model_len / 2048
+    return chat_workload(num_requests, seed=seed, max_model_len=max_model_len,
+                         mean_prompt=SHAREGPT_MEAN_PROMPT * f, mean_output=SHAREGPT_MEAN_OUTPUT * f)
+
+
+def _prompt_ids(requests, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [[1] + torch.randint(3, 259, (r.prompt_len - 1,), generator=g).tolist() for r in requests]
+
+
+def _summary(name: str, wall: float, out_tokens: int, n: int, ttft: list[float] | None, tpot: list[float] | None,
+             peak_kv_bytes: int) -> dict:
+    def pct(xs, q):
+        return float(torch.tensor(xs).quantile(q)) if xs else float("nan")
+
+    return {"system": name, "seconds": wall, "output_tok_per_s": out_tokens / wall, "req_per_s": n / wall,
+            "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9), "tpot_p50": pct(tpot, 0.5),
+            "tpot_p90": pct(tpot, 0.9), "peak_kv_MiB": peak_kv_bytes / 2**20, "output_tokens": out_tokens}
+
+
+def _run_ours(model_name, requests, prompts, device, budget_bytes, block_size, max_model_len, reserve, max_num_seqs):
+    from .engine import SamplingParams
+    from .kvmath import KVSpec
+    from .llm import LLM
+
+    llm = LLM(model_name, block_size=block_size, kv_cache_memory=budget_bytes, max_model_len=max_model_len,
+              device=device, reserve_max_len=reserve, max_num_seqs=max_num_seqs)
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
+    llm.stats.peak_blocks_used = 0
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    bytes_per_block = KVSpec.from_config(llm.model.config, llm.model.dtype).bytes_per_token * block_size
+    name = "contiguous" if reserve else "pagedkv"
+    return _summary(name, wall, sum(len(o.token_ids) for o in outs), len(outs),
+                    [o.metrics.time_to_first_token for o in outs], [o.metrics.time_per_output_token for o in outs],
+                    llm.stats.peak_blocks_used * bytes_per_block), outs
+
+
+def _run_hf_static(model_name, requests, prompts, device, batch_size):
+    from .kvmath import KVSpec
+    from .models import load_model
+
+    model, tok = load_model(model_name, device=device)
+    spec = KVSpec.from_config(model.config, model.dtype)
+    outputs, peak = [], 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(prompts), batch_size):
+            batch, reqs = prompts[i : i + batch_size], requests[i : i + batch_size]
+            width = max(map(len, batch))
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+            new = max(r.output_len for r in reqs)  # a static batch runs until its longest request is done
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+            peak = max(peak, spec.bytes_for(len(batch) * (width + new - 1)))
+            outputs += [out[j, width : width + r.output_len].tolist() for j, r in enumerate(reqs)]
+    wall = time.perf_counter() - t0
+    return _summary("hf-generate", wall, sum(map(len, outputs)), len(outputs), None, None, peak), outputs
+
+
+def _run_hf_continuous(model_name, requests, prompts, device, budget_tokens, block_size):
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from .kvmath import KVSpec
+    from .models import load_model
+
+    model, _ = load_model(model_name, device=device)
+    spec = KVSpec.from_config(model.config, model.dtype)
+    gen = GenerationConfig(max_new_tokens=max(r.output_len for r in requests), do_sample=False, eos_token_id=-1,
+                           pad_token_id=0)
+    cb = ContinuousBatchingConfig(page_size=block_size, num_blocks=budget_tokens // block_size,
+                                  max_batch_tokens=max(512, max(map(len, prompts))), allow_block_sharing=False)
+    manager = model.init_continuous_batching(gen, cb)
+    manager.start()
+    try:
+        t0 = time.perf_counter()
+        ids = {manager.add_request(p, max_new_tokens=r.output_len, record_timestamps=True): i
+               for i, (p, r) in enumerate(zip(prompts, requests))}
+        results = {}
+        while len(results) < len(ids):
+            res = manager.get_result(timeout=60)
+            if res is None:
+                raise RuntimeError("transformers' continuous batching stopped before finishing every request")
+            if res.is_finished():
+                results[ids[res.request_id]] = res
+        wall = time.perf_counter() - t0
+    finally:
+        manager.stop(block=True)
+    outputs = [results[i].generated_tokens for i in range(len(prompts))]
+    ttft, tpot = [], []
+    for res in results.values():
+        stamps = res.timestamps or []
+        if stamps:
+            ttft.append(stamps[0] - res.created_time)
+            tpot.append((stamps[-1] - stamps[0]) / max(1, len(stamps) - 1))
+    return _summary("hf-continuous", wall, sum(map(len, outputs)), len(outputs), ttft or None, tpot or None,
+                    spec.bytes_for(budget_tokens)), outputs
+
+
+def serve_benchmark(model_name: str = "small-llama", requests=None, *, device: torch.device | None = None,
+                    max_model_len: int = 512, budget_requests: int = 8, block_size: int = 16,
+                    systems: tuple[str, ...] = SYSTEMS, max_num_seqs: int = 256) -> tuple[list[dict], dict]:
+    """Serve the same requests with each system under one KV budget; return summary rows and outputs.
+
+    The budget holds ``budget_requests`` requests of ``max_model_len`` tokens: exactly what static batching
+    with max-length reservation can run at once.
+    """
+    from .device import pick_device
+    from .kvmath import KVSpec
+    from .models import offline_config
+
+    device = device or pick_device()
+    requests = requests if requests is not None else scaled_chat_trace(64, max_model_len)
+    prompts = _prompt_ids(requests)
+    spec = KVSpec.from_config(offline_config(model_name) if not hasattr(model_name, "config") else model_name.config,
+                              torch.float32 if device.type == "cpu" else torch.float16)
+    budget_tokens = budget_requests * max_model_len
+    rows, outputs = [], {}
+    for system in systems:
+        if system in ("pagedkv", "contiguous"):
+            row, outs = _run_ours(model_name, requests, prompts, device, spec.bytes_for(budget_tokens), block_size,
+                                  max_model_len, system == "contiguous", max_num_seqs)
+            outputs[system] = [o.token_ids for o in outs]
+        elif system == "hf-generate":
+            row, outputs[system] = _run_hf_static(model_name, requests, prompts, device, budget_requests)
+        elif system == "hf-continuous":
+            row, outputs[system] = _run_hf_continuous(model_name, requests, prompts, device, budget_tokens, block_size)
+        else:
+            raise ValueError(f"unknown system {system!r}; choose from {SYSTEMS}")
+        rows.append(row)
+    return rows, outputs
+
+
+def print_serve_table(rows: list[dict]) -> None:
+    """Print `serve_benchmark` rows, with throughput relative to the first row."""
+    base = rows[0]["output_tok_per_s"]
+    print(f"{'system':14} {'tok/s':>8} {'vs ' + rows[0]['system']:>15} {'req/s':>6} {'TTFT p50':>9} {'TTFT p90':>9} "
+          f"{'TPOT p50':>9} {'TPOT p90':>9} {'peak KV MiB':>11}")
+    for r in rows:
+        print(f"{r['system']:14} {r['output_tok_per_s']:8.1f} {r['output_tok_per_s'] / base:15.2f} "
+              f"{r['req_per_s']:6.2f} {r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['tpot_p50']:9.4f} "
+              f"{r['tpot_p90']:9.4f} {r['peak_kv_MiB']:11.1f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pagedkv_lab.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,6 +304,16 @@ def main(argv: list[str] | None = None) -> None:
     kp.add_argument("--block-size", type=int, default=16)
     kp.add_argument("--repeats", type=int, default=10)
     kp.add_argument("--device", default=None)
+    sp = sub.add_parser("serve", help="our engine vs transformers generate / continuous batching")
+    sp.add_argument("--model", default=None, help="offline model name (default: small-llama)")
+    sp.add_argument("--workload", choices=["w1", "w2", "fixed"], default="w1",
+                    help="w1 chat-like, w2 uniform 100-1024 (scaled), fixed: equal lengths at equal batch size")
+    sp.add_argument("--num-requests", type=int, default=None)
+    sp.add_argument("--max-model-len", type=int, default=512)
+    sp.add_argument("--budget-requests", type=int, default=8, help="KV budget, in max-length requests")
+    sp.add_argument("--block-size", type=int, default=16)
+    sp.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    sp.add_argument("--device", default=None)
     args = parser.parse_args(argv)
 
     from . import attention  # noqa: F401  (sets Triton's interpreter mode when there is no GPU)
@@ -157,6 +328,31 @@ def main(argv: list[str] | None = None) -> None:
         print_kernel_table(rows)
         if device.type != "cuda":
             print("CPU run: the paged path is PyTorch gather + SDPA. Kernel bandwidth figures need a CUDA GPU.")
+    elif args.command == "serve":
+        from .workloads import Request, uniform_workload
+
+        n = args.num_requests or by_device(48, 512, device)
+        length = args.max_model_len
+        max_num_seqs = 256
+        if args.workload == "w1":
+            requests = scaled_chat_trace(n, length)
+        elif args.workload == "w2":  # nano-vllm's 100-1024 range, scaled to max_model_len
+            lo, hi = max(1, 100 * length // 2048), max(2, 1024 * length // 2048)
+            requests = uniform_workload(n, low=lo, high=hi)
+        else:  # equal lengths; our engine limited to the same batch size as static generate
+            requests = [Request(i, 0.0, length // 2, length // 2) for i in range(n)]
+            max_num_seqs = args.budget_requests
+        model = args.model or "small-llama"
+        print(f"model {model}, workload {args.workload}: {len(requests)} requests, "
+              f"{sum(r.output_len for r in requests)} output tokens, max_model_len {length}, "
+              f"KV budget {args.budget_requests} x {length} tokens, block size {args.block_size}")
+        rows, outputs = serve_benchmark(model, requests, device=device, max_model_len=length,
+                                        budget_requests=args.budget_requests, block_size=args.block_size,
+                                        systems=tuple(args.systems), max_num_seqs=max_num_seqs)
+        print_serve_table(rows)
+        first = outputs[rows[0]["system"]]
+        same = {k: sum(a == b for a, b in zip(v, first)) for k, v in outputs.items()}
+        print(f"requests with tokens identical to {rows[0]['system']}'s: {same}")
 
 
 if __name__ == "__main__":

@@ -202,3 +202,43 @@ def check_logits_rows(fn: Callable) -> bool:
         ("prefill, decode, chunk", ([5, 1, 3],), [4, 5, 8]),
     ]
     return _run("logits_rows", lambda q: list(fn(q)), cases, "cumulative sum of the query lengths, minus one.")
+
+
+# Chapter 06 -----------------------------------------------------------------------------------------------
+
+def _continuous_reference(output_lens: list[int], batch_size: int) -> int:
+    import heapq
+
+    free_at = [0] * batch_size
+    end = 0
+    for n in output_lens:
+        start = heapq.heappop(free_at)
+        heapq.heappush(free_at, start + n)
+        end = max(end, start + n)
+    return end
+
+
+def check_static_steps(fn: Callable) -> bool:
+    """``fn(output_lens, batch_size) -> int``: iterations of static batching."""
+    cases = [
+        ("one batch", ([3, 9, 4], 4), 9),
+        ("two batches", ([3, 9, 4, 1], 2), 13),
+        ("batch of one", ([2, 5], 1), 7),
+    ]
+    return _run("static_steps", fn, cases, "sum over consecutive batches of the longest request in each.")
+
+
+def check_continuous_steps(fn: Callable) -> bool:
+    """``fn(output_lens, batch_size) -> int``: iterations of continuous batching with ``batch_size`` slots."""
+    rng = random.Random(6)
+    cases = [
+        ("everything fits at once", ([3, 9, 4], 4), 9),
+        ("a freed slot is refilled", ([3, 9, 4, 1], 2), 9),
+        ("one slot", ([2, 5], 1), 7),
+    ]
+    for i in range(3):
+        lens = [rng.randint(1, 30) for _ in range(rng.randint(3, 12))]
+        b = rng.randint(1, 4)
+        cases.append((f"random case {i + 1}", (lens, b), _continuous_reference(lens, b)))
+    return _run("continuous_steps", fn, cases,
+                "give each request, in order, the slot that frees first; the answer is when the last one ends.")

@@ -30,6 +30,8 @@ CASES = [
     ("ch04", "visible_keys", exercises.check_visible_keys, lambda ctx, qlen, j: j + 1),
     ("ch05", "positions_for", exercises.check_positions_for, lambda c, n: list(range(n))),
     ("ch05", "logits_rows", exercises.check_logits_rows, lambda q: [n - 1 for n in q]),
+    ("ch06", "static_steps", exercises.check_static_steps, lambda lens, b: max(lens)),
+    ("ch06", "continuous_steps", exercises.check_continuous_steps, lambda lens, b: sum(lens) // b),
 ]
 
 
