@@ -8,6 +8,7 @@ token slot ``s`` is ``k_cache.view(-1, num_kv_heads, head_dim)[s]`` (slot = bloc
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -213,12 +214,17 @@ def _new_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def decode_partitions(num_seqs: int, num_kv_heads: int, max_blocks: int, block_size: int,
                       device: torch.device) -> int:
     """Blocks per partition: split long contexts only when sequences x KV heads would leave a GPU idle."""
     if device.type != "cuda":
         return max_blocks  # one partition: the interpreter gains nothing from more programs
-    programs_wanted = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    programs_wanted = 4 * _multiprocessors(device.index or 0)
     blocks_per_part = max(1, 512 // block_size)  # partitions of at least 512 tokens
     if num_seqs * num_kv_heads >= programs_wanted or max_blocks <= blocks_per_part:
         return max_blocks
@@ -226,11 +232,12 @@ def decode_partitions(num_seqs: int, num_kv_heads: int, max_blocks: int, block_s
 
 
 def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None,
-                        blocks_per_part: int | None = None) -> torch.Tensor:
+                        blocks_per_part: int | None = None, check: bool = True) -> torch.Tensor:
     """Decode attention with the Triton kernel; same contract as `paged_decode_torch`."""
     if triton is None:
         raise RuntimeError("Triton is not installed (it ships for Linux); use paged_decode_torch")
-    _check_paged_args(q, k_cache, v_cache, block_tables, context_lens)
+    if check:  # the scans of context_lens synchronise with the GPU: the engine skips them
+        _check_paged_args(q, k_cache, v_cache, block_tables, context_lens)
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
     seqs, heads, head_dim = q.shape
@@ -268,5 +275,5 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float |
                  workspace: dict | None = None, check: bool = True) -> torch.Tensor:
     """Decode attention on the best path for the device: the Triton kernel on CUDA, PyTorch elsewhere."""
     if q.device.type == "cuda" and triton is not None:
-        return paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, check=check)
     return paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale, workspace, check)
