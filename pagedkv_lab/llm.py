@@ -146,6 +146,8 @@ class LLM:
         """Run one iteration: schedule, one forward pass, sample, postprocess. Returns requests that finished."""
         seqs, num_new = self.scheduler.schedule()
         if not seqs:
+            if self.scheduler.has_unfinished:  # admission checks make this unreachable; never spin silently
+                raise RuntimeError("no waiting request could be scheduled although the engine is idle")
             return []
         tokens = sample(self.runner.run(seqs, num_new), seqs)
         finished = self.scheduler.postprocess(seqs, tokens)
