@@ -103,8 +103,9 @@ def load_model(
 
     ``name`` is an offline model (``"tiny-llama"``, ``"small-llama"``,
     ``"tiny-qwen2"``, ``"small-qwen2"``, ``"tiny-mistral"``: seeded random weights, so the same seed
-    always gives the same model) or a Hugging Face checkpoint name, which needs
-    a network the first time (``local_files_only=True``: only the local Hub cache).
+    always gives the same model), a Hugging Face checkpoint name, which needs a
+    network the first time (``local_files_only=True``: only the local Hub cache),
+    or the path of a checkpoint saved with ``save_pretrained``.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     if name in OFFLINE_MODELS:

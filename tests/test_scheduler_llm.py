@@ -119,3 +119,18 @@ def test_llm_configuration_errors():
             LLM("tiny-llama", kv_cache_memory=0.5)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         LLM("tiny-llama", max_num_batched_tokens=100)
+
+
+def test_a_saved_checkpoint_loads_by_path_like_a_hub_model(tmp_path):
+    """The real-checkpoint path (from_pretrained + AutoTokenizer) works offline on a checkpoint saved to disk."""
+    model, tok = load_model("tiny-qwen2")
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), kv_cache_memory=2**20)
+    assert llm.model.config.model_type == "qwen2" and llm.tokenizer.eos_token_id == tok.eos_token_id
+    out = llm.generate(["checkpoint on disk"], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                       use_tqdm=False)[0]
+    ids = torch.tensor([out.prompt_token_ids])
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                              eos_token_id=None)[0, ids.shape[1]:].tolist()
+    assert out.token_ids == expected
