@@ -8,4 +8,9 @@ that produce them, which cells print).
 
 def pytest_collectstart(collector):
     if collector.fspath and collector.fspath.ext == ".ipynb":
-        collector.skip_compare += ("stderr", "image/png", "image/svg+xml", "application/vnd.jupyter.widget-view+json")
+        collector.skip_compare += (
+            "stderr",
+            "image/png",
+            "image/svg+xml",
+            "application/vnd.jupyter.widget-view+json",
+        )

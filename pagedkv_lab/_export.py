@@ -45,9 +45,13 @@ def exporting_notebooks(notebooks: Path = NOTEBOOKS) -> dict[str, Path]:
         if not match:
             continue
         cells = json.loads(text)["cells"]
-        for module in {match.group(1)} | {t for c in cells if (t := _cell_target(c, match.group(1)))}:
+        for module in {match.group(1)} | {
+            t for c in cells if (t := _cell_target(c, match.group(1)))
+        }:
             if module in found:
-                raise ValueError(f"{nb.name} and {found[module].name} both export pagedkv_lab/{module}.py")
+                raise ValueError(
+                    f"{nb.name} and {found[module].name} both export pagedkv_lab/{module}.py"
+                )
             found[module] = nb
     return found
 
@@ -56,8 +60,15 @@ def _single_module_notebook(nb: Path, module: str, folder: Path) -> Path:
     """A copy of ``nb`` whose exported cells are exactly those for ``module`` (nbdev's solo export wants one)."""
     data = json.loads(nb.read_text())
     default = _DEFAULT.search(nb.read_text()).group(1)
-    cells = [{"cell_type": "code", "source": f"#| default_exp {module}", "metadata": {}, "outputs": [],
-              "execution_count": None}]
+    cells = [
+        {
+            "cell_type": "code",
+            "source": f"#| default_exp {module}",
+            "metadata": {},
+            "outputs": [],
+            "execution_count": None,
+        }
+    ]
     for cell in data["cells"]:
         target = _cell_target(cell, default)
         if target == module:
@@ -79,10 +90,22 @@ def export_all(lib: Path = LIB, notebooks: Path = NOTEBOOKS) -> list[Path]:
         target = lib / f"{module}.py"
         target.unlink(missing_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
-            nb_export(str(_single_module_notebook(nb, module, Path(tmp))), lib_path=str(lib), solo_nb=True)
+            nb_export(
+                str(_single_module_notebook(nb, module, Path(tmp))),
+                lib_path=str(lib),
+                solo_nb=True,
+            )
         # nbdev names the (temporary) notebook relative to the library; name the real one from the repository root.
-        text = re.sub(r"File to edit: \S+\.ipynb", f"File to edit: notebooks/{nb.name}", target.read_text())
+        text = re.sub(
+            r"File to edit: \S+\.ipynb",
+            f"File to edit: notebooks/{nb.name}",
+            target.read_text(),
+        )
         text = re.sub(r"^# %% \S+\.ipynb #\S+\n", "", text, flags=re.M)
+        # nbdev makes one-line package imports relative; do the same for wrapped ones.
+        text = re.sub(
+            r"^from pagedkv_lab\.(\w+) import", r"from .\1 import", text, flags=re.M
+        )
         target.write_text(text)
         written.append(target)
     return written

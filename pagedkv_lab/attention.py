@@ -16,11 +16,15 @@ import torch
 import torch.nn.functional as F
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # without CUDA, Triton kernels can only run in its interpreter
+    os.environ.setdefault(
+        "TRITON_INTERPRET", "1"
+    )  # without CUDA, Triton kernels can only run in its interpreter
 try:
     import triton
     import triton.language as tl
-except ImportError:  # Triton is published for Linux only; the PyTorch path works everywhere
+except (
+    ImportError
+):  # Triton is published for Linux only; the PyTorch path works everywhere
     triton = None
 
 
@@ -31,32 +35,51 @@ def merge_partial_attention(outs: torch.Tensor, lses: torch.Tensor) -> torch.Ten
     ``lses[..., p]`` the log-sum-exp of that part's scores (``-inf`` for an empty
     part). The merged output equals attention over all parts at once.
     """
-    dtype = torch.promote_types(outs.dtype, torch.float32)  # at least fp32, float64 stays float64
+    dtype = torch.promote_types(
+        outs.dtype, torch.float32
+    )  # at least fp32, float64 stays float64
     weights = torch.softmax(lses.to(dtype), dim=-1)  # e^{lse_p} / sum_q e^{lse_q}
     return (outs.to(dtype) * weights[..., None]).sum(dim=-2)
 
 def _check_paged_args(q, k_cache, v_cache, block_tables, context_lens) -> None:
     """Validate shapes and types shared by every paged-attention entry point."""
     if q.dim() != 3 or k_cache.dim() != 4:
-        raise ValueError(f"expected q [tokens, heads, head_dim] and caches [blocks, block_size, kv_heads, head_dim], "
-                         f"got q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)}")
+        raise ValueError(
+            f"expected q [tokens, heads, head_dim] and caches [blocks, block_size, kv_heads, head_dim], "
+            f"got q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)}"
+        )
     if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache {tuple(v_cache.shape)} "
-                         f"{v_cache.dtype} must match")
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache {tuple(v_cache.shape)} "
+            f"{v_cache.dtype} must match"
+        )
     _, _, kv_heads, head_dim = k_cache.shape
     if q.shape[2] != head_dim:
         raise ValueError(f"q has head_dim {q.shape[2]} but the cache has {head_dim}")
     if q.shape[1] % kv_heads:
-        raise ValueError(f"{q.shape[1]} query heads cannot share {kv_heads} KV heads evenly")
+        raise ValueError(
+            f"{q.shape[1]} query heads cannot share {kv_heads} KV heads evenly"
+        )
     if block_tables.dim() != 2 or block_tables.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"block_tables must be a 2-D int tensor, got {tuple(block_tables.shape)} {block_tables.dtype}")
+        raise ValueError(
+            f"block_tables must be a 2-D int tensor, got {tuple(block_tables.shape)} {block_tables.dtype}"
+        )
     if context_lens.shape != (block_tables.shape[0],):
-        raise ValueError(f"context_lens has shape {tuple(context_lens.shape)}, expected ({block_tables.shape[0]},)")
-    if len(context_lens) and (int(context_lens.min()) < 1 or int(context_lens.max()) > block_tables.shape[1] * k_cache.shape[1]):
-        raise ValueError("every context length must be >= 1 and fit the sequence's block table")
+        raise ValueError(
+            f"context_lens has shape {tuple(context_lens.shape)}, expected ({block_tables.shape[0]},)"
+        )
+    if len(context_lens) and (
+        int(context_lens.min()) < 1
+        or int(context_lens.max()) > block_tables.shape[1] * k_cache.shape[1]
+    ):
+        raise ValueError(
+            "every context length must be >= 1 and fit the sequence's block table"
+        )
 
 
-def gather_kv(k_cache, v_cache, block_tables, num_blocks: int | None = None, workspace=None):
+def gather_kv(
+    k_cache, v_cache, block_tables, num_blocks: int | None = None, workspace=None
+):
     """Copy each sequence's first ``num_blocks`` blocks into ``[seqs, num_blocks * block_size, kv_heads, head_dim]``.
 
     ``workspace`` (a dict) keeps the output buffers between calls, so that large
@@ -65,22 +88,43 @@ def gather_kv(k_cache, v_cache, block_tables, num_blocks: int | None = None, wor
     seqs = block_tables.shape[0]
     num_blocks = block_tables.shape[1] if num_blocks is None else num_blocks
     _, block_size, kv_heads, head_dim = k_cache.shape
-    index = block_tables[:, :num_blocks].reshape(-1).long().clamp(min=0)  # padding (-1) reads block 0, masked later
+    index = (
+        block_tables[:, :num_blocks].reshape(-1).long().clamp(min=0)
+    )  # padding (-1) reads block 0, masked later
     shape = (seqs * num_blocks, block_size, kv_heads, head_dim)
     out = []
     for name, cache in (("k", k_cache), ("v", v_cache)):
         buf = None
         if workspace is not None:
             buf = workspace.get(name)
-            if buf is None or buf.numel() < math.prod(shape) or buf.dtype != cache.dtype or buf.device != cache.device:
-                buf = workspace[name] = torch.empty(math.prod(shape), dtype=cache.dtype, device=cache.device)
+            if (
+                buf is None
+                or buf.numel() < math.prod(shape)
+                or buf.dtype != cache.dtype
+                or buf.device != cache.device
+            ):
+                buf = workspace[name] = torch.empty(
+                    math.prod(shape), dtype=cache.dtype, device=cache.device
+                )
             buf = buf[: math.prod(shape)].view(shape)
-        gathered = torch.index_select(cache, 0, index, out=buf) if buf is not None else cache.index_select(0, index)
+        gathered = (
+            torch.index_select(cache, 0, index, out=buf)
+            if buf is not None
+            else cache.index_select(0, index)
+        )
         out.append(gathered.view(seqs, num_blocks * block_size, kv_heads, head_dim))
     return out[0], out[1]
 
-def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None,
-                       workspace: dict | None = None, check: bool = True) -> torch.Tensor:
+def paged_decode_torch(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale: float | None = None,
+    workspace: dict | None = None,
+    check: bool = True,
+) -> torch.Tensor:
     """Decode attention, one query per sequence: ``q`` is ``[seqs, heads, head_dim]``; returns the same shape.
 
     ``check=False`` skips argument validation, for callers (the engine) that build the tensors themselves.
@@ -90,17 +134,38 @@ def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale: f
     seqs, heads, head_dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     longest = int(context_lens.max())
-    k, v = gather_kv(k_cache, v_cache, block_tables, -(-longest // block_size), workspace)
-    k, v = k.transpose(1, 2), v.transpose(1, 2)  # [seqs, kv_heads, tokens, head_dim], a view
+    k, v = gather_kv(
+        k_cache, v_cache, block_tables, -(-longest // block_size), workspace
+    )
+    k, v = (
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+    )  # [seqs, kv_heads, tokens, head_dim], a view
     mask = None
     if int(context_lens.min()) < k.shape[2]:
-        mask = (torch.arange(k.shape[2], device=q.device) < context_lens[:, None].to(q.device))[:, None, None, :]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
-                                         scale=scale, enable_gqa=heads != kv_heads)
+        mask = (
+            torch.arange(k.shape[2], device=q.device)
+            < context_lens[:, None].to(q.device)
+        )[:, None, None, :]
+    out = F.scaled_dot_product_attention(
+        q[:, :, None, :],
+        k.to(q.dtype),
+        v.to(q.dtype),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=heads != kv_heads,
+    )
     return out[:, :, 0, :]
 
-def paged_prefill_torch(q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
-                        scale: float | None = None) -> torch.Tensor:
+def paged_prefill_torch(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    query_start_loc,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Causal attention for packed variable-length queries over a paged cache.
 
     ``q`` is ``[total_queries, heads, head_dim]``; sequence ``i`` owns rows
@@ -108,8 +173,13 @@ def paged_prefill_torch(q, k_cache, v_cache, block_tables, context_lens, query_s
     ``context_lens[i]`` tokens (whose K/V are already in the cache).
     """
     _check_paged_args(q, k_cache, v_cache, block_tables, context_lens)
-    if query_start_loc.shape != (len(context_lens) + 1,) or int(query_start_loc[-1]) != q.shape[0]:
-        raise ValueError(f"query_start_loc must have {len(context_lens) + 1} entries ending at {q.shape[0]}")
+    if (
+        query_start_loc.shape != (len(context_lens) + 1,)
+        or int(query_start_loc[-1]) != q.shape[0]
+    ):
+        raise ValueError(
+            f"query_start_loc must have {len(context_lens) + 1} entries ending at {q.shape[0]}"
+        )
     heads, kv_heads, block_size = q.shape[1], k_cache.shape[2], k_cache.shape[1]
     out = torch.empty_like(q)
     starts, lens = query_start_loc.tolist(), context_lens.tolist()
@@ -119,16 +189,34 @@ def paged_prefill_torch(q, k_cache, v_cache, block_tables, context_lens, query_s
             raise ValueError(f"sequence {i} has {b - a} queries but only {ctx} tokens")
         if a == b:
             continue
-        k, v = gather_kv(k_cache, v_cache, block_tables[i : i + 1], -(-ctx // block_size))
-        k, v = k[0, :ctx].transpose(0, 1).to(q.dtype), v[0, :ctx].transpose(0, 1).to(q.dtype)
+        k, v = gather_kv(
+            k_cache, v_cache, block_tables[i : i + 1], -(-ctx // block_size)
+        )
+        k, v = (
+            k[0, :ctx].transpose(0, 1).to(q.dtype),
+            v[0, :ctx].transpose(0, 1).to(q.dtype),
+        )
         q_pos = torch.arange(ctx - (b - a), ctx, device=q.device)
         mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]
-        out[a:b] = F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k, v, attn_mask=mask, scale=scale,
-                                                  enable_gqa=heads != kv_heads).transpose(0, 1)
+        out[a:b] = F.scaled_dot_product_attention(
+            q[a:b].transpose(0, 1),
+            k,
+            v,
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=heads != kv_heads,
+        ).transpose(0, 1)
     return out
 
-def reference_paged_attention(q, k_cache, v_cache, block_tables, context_lens, query_start_loc=None,
-                              scale: float | None = None) -> torch.Tensor:
+def reference_paged_attention(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    query_start_loc=None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Slow float64 paged attention, token by token; decode when ``query_start_loc`` is None."""
     seqs = len(context_lens)
     if query_start_loc is None:
@@ -138,9 +226,15 @@ def reference_paged_attention(q, k_cache, v_cache, block_tables, context_lens, q
     scale = 1 / math.sqrt(head_dim) if scale is None else scale
     out = torch.zeros(q.shape, dtype=torch.float64)
     for i in range(seqs):
-        ctx, a, b = int(context_lens[i]), int(query_start_loc[i]), int(query_start_loc[i + 1])
+        ctx, a, b = (
+            int(context_lens[i]),
+            int(query_start_loc[i]),
+            int(query_start_loc[i + 1]),
+        )
         pos = torch.arange(ctx)
-        slots = block_tables[i].long()[pos // block_size] * block_size + pos % block_size
+        slots = (
+            block_tables[i].long()[pos // block_size] * block_size + pos % block_size
+        )
         keys = k_cache.reshape(-1, kv_heads, head_dim)[slots].double().cpu()
         values = v_cache.reshape(-1, kv_heads, head_dim)[slots].double().cpu()
         for j in range(a, b):
@@ -155,16 +249,31 @@ if triton is not None:
 
     @triton.jit
     def _paged_decode_kernel(
-        q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        block_tables_ptr,
+        context_lens_ptr,
+        out_ptr,
+        lse_ptr,
         scale,
-        stride_q_seq, stride_q_head,
-        stride_k_block, stride_k_slot, stride_k_head,
+        stride_q_seq,
+        stride_q_head,
+        stride_k_block,
+        stride_k_slot,
+        stride_k_head,
         stride_bt_seq,
-        stride_o_seq, stride_o_head, stride_o_part,
-        num_heads, num_parts,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr, BLOCKS_PER_PART: tl.constexpr,
+        stride_o_seq,
+        stride_o_head,
+        stride_o_part,
+        num_heads,
+        num_parts,
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        DIM_PAD: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        BLOCKS_PER_PART: tl.constexpr,
     ):
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -176,19 +285,37 @@ if triton is not None:
         g_ok = g < GROUP
         d_ok = d < HEAD_DIM
         heads = kv_head * GROUP + g
-        q = tl.load(q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + d[None, :],
-                    mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32) * scale
+        q = (
+            tl.load(
+                q_ptr
+                + seq * stride_q_seq
+                + heads[:, None] * stride_q_head
+                + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            * scale
+        )
 
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)  # running max of scores
         norm = tl.zeros([GROUP_PAD], tl.float32)  # running sum of exp(score - m)
-        acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)  # running sum of exp(score - m) * v
+        acc = tl.zeros(
+            [GROUP_PAD, DIM_PAD], tl.float32
+        )  # running sum of exp(score - m) * v
         t = tl.arange(0, BLOCK_SIZE)
         first = part * BLOCKS_PER_PART
         last = tl.minimum(first + BLOCKS_PER_PART, tl.cdiv(context_len, BLOCK_SIZE))
         for logical in range(first, last):
-            physical = tl.load(block_tables_ptr + seq * stride_bt_seq + logical).to(tl.int64)
+            physical = tl.load(block_tables_ptr + seq * stride_bt_seq + logical).to(
+                tl.int64
+            )
             t_ok = logical * BLOCK_SIZE + t < context_len
-            offs = physical * stride_k_block + t[:, None] * stride_k_slot + kv_head * stride_k_head + d[None, :]
+            offs = (
+                physical * stride_k_block
+                + t[:, None] * stride_k_slot
+                + kv_head * stride_k_head
+                + d[None, :]
+            )
             kv_mask = t_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0).to(tl.float32)
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_PAD, BLOCK_SIZE]
@@ -203,13 +330,23 @@ if triton is not None:
 
         nonempty = norm > 0  # a partition past the end of a short sequence has no keys
         safe_norm = tl.where(nonempty, norm, 1.0)
-        out_offs = seq * stride_o_seq + heads[:, None] * stride_o_head + part * stride_o_part + d[None, :]
-        tl.store(out_ptr + out_offs, (acc / safe_norm[:, None]).to(out_ptr.dtype.element_ty),
-                 mask=g_ok[:, None] & d_ok[None, :])
+        out_offs = (
+            seq * stride_o_seq
+            + heads[:, None] * stride_o_head
+            + part * stride_o_part
+            + d[None, :]
+        )
+        tl.store(
+            out_ptr + out_offs,
+            (acc / safe_norm[:, None]).to(out_ptr.dtype.element_ty),
+            mask=g_ok[:, None] & d_ok[None, :],
+        )
         lse = tl.where(nonempty, m + tl.log(safe_norm), float("-inf"))
         tl.store(lse_ptr + (seq * num_heads + heads) * num_parts + part, lse, mask=g_ok)
 
-def _new_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _new_buffer(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """Uninitialised output buffer (tests replace this to fill buffers with NaN first)."""
     return torch.empty(shape, dtype=dtype, device=device)
 
@@ -219,8 +356,13 @@ def _multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def decode_partitions(num_seqs: int, num_kv_heads: int, max_blocks: int, block_size: int,
-                      device: torch.device) -> int:
+def decode_partitions(
+    num_seqs: int,
+    num_kv_heads: int,
+    max_blocks: int,
+    block_size: int,
+    device: torch.device,
+) -> int:
     """Blocks per partition: split long contexts only when sequences x KV heads would leave a GPU idle."""
     if device.type != "cuda":
         return max_blocks  # one partition: the interpreter gains nothing from more programs
@@ -231,49 +373,103 @@ def decode_partitions(num_seqs: int, num_kv_heads: int, max_blocks: int, block_s
     return blocks_per_part
 
 
-def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None,
-                        blocks_per_part: int | None = None, check: bool = True) -> torch.Tensor:
+def paged_decode_triton(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale: float | None = None,
+    blocks_per_part: int | None = None,
+    check: bool = True,
+) -> torch.Tensor:
     """Decode attention with the Triton kernel; same contract as `paged_decode_torch`."""
     if triton is None:
-        raise RuntimeError("Triton is not installed (it ships for Linux); use paged_decode_torch")
-    if check:  # the scans of context_lens synchronise with the GPU: the engine skips them
+        raise RuntimeError(
+            "Triton is not installed (it ships for Linux); use paged_decode_torch"
+        )
+    if (
+        check
+    ):  # the scans of context_lens synchronise with the GPU: the engine skips them
         _check_paged_args(q, k_cache, v_cache, block_tables, context_lens)
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton")
+        raise RuntimeError(
+            "CPU tensors need Triton's interpreter: set TRITON_INTERPRET=1 before importing triton"
+        )
     seqs, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     if block_size & (block_size - 1) or head_dim > 256:
-        raise ValueError(f"the kernel needs a power-of-two block size and head_dim <= 256, got {block_size} and {head_dim}")
-    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:
-        raise ValueError(f"q and the cache must share one of fp32/fp16/bf16, got {q.dtype} and {k_cache.dtype}")
+        raise ValueError(
+            f"the kernel needs a power-of-two block size and head_dim <= 256, got {block_size} and {head_dim}"
+        )
+    if (
+        q.dtype not in (torch.float32, torch.float16, torch.bfloat16)
+        or k_cache.dtype != q.dtype
+    ):
+        raise ValueError(
+            f"q and the cache must share one of fp32/fp16/bf16, got {q.dtype} and {k_cache.dtype}"
+        )
     if not (q.stride(2) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("q's last dimension and both caches must be contiguous")
     max_blocks = block_tables.shape[1]
-    bpp = blocks_per_part or decode_partitions(seqs, kv_heads, max_blocks, block_size, q.device)
+    bpp = blocks_per_part or decode_partitions(
+        seqs, kv_heads, max_blocks, block_size, q.device
+    )
     parts = -(-max_blocks // bpp)
-    out = _new_buffer((seqs, heads, parts, head_dim), q.dtype if parts == 1 else torch.float32, q.device)
+    out = _new_buffer(
+        (seqs, heads, parts, head_dim),
+        q.dtype if parts == 1 else torch.float32,
+        q.device,
+    )
     lse = _new_buffer((seqs, heads, parts), torch.float32, q.device)
     group = heads // kv_heads
     _paged_decode_kernel[(seqs, kv_heads, parts)](
-        q, k_cache, v_cache, block_tables, context_lens, out, lse,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        lse,
         scale if scale is not None else 1 / math.sqrt(head_dim),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1), out.stride(2),
-        heads, parts,
-        GROUP=group, GROUP_PAD=max(2, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size, BLOCKS_PER_PART=bpp,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        heads,
+        parts,
+        GROUP=group,
+        GROUP_PAD=max(2, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size,
+        BLOCKS_PER_PART=bpp,
     )
     if parts == 1:
         return out[:, :, 0]
     return merge_partial_attention(out, lse).to(q.dtype)
 
 
-def paged_decode(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None,
-                 workspace: dict | None = None, check: bool = True) -> torch.Tensor:
+def paged_decode(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale: float | None = None,
+    workspace: dict | None = None,
+    check: bool = True,
+) -> torch.Tensor:
     """Decode attention on the best path for the device: the Triton kernel on CUDA, PyTorch elsewhere."""
     if q.device.type == "cuda" and triton is not None:
-        return paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale, check=check)
-    return paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale, workspace, check)
+        return paged_decode_triton(
+            q, k_cache, v_cache, block_tables, context_lens, scale, check=check
+        )
+    return paged_decode_torch(
+        q, k_cache, v_cache, block_tables, context_lens, scale, workspace, check
+    )

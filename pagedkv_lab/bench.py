@@ -19,14 +19,19 @@ import torch
 import torch.nn.functional as F
 
 
-def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 20, warmup: int = 3) -> float:
+def time_call(
+    fn: Callable[[], object], device: torch.device, repeats: int = 20, warmup: int = 3
+) -> float:
     """Median seconds per call (CUDA events on a GPU, perf_counter on a CPU)."""
     for _ in range(warmup):
         fn()
     times = []
     if device.type == "cuda":
         for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
             start.record()
             fn()
             end.record()
@@ -40,22 +45,36 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 20,
     return statistics.median(times)
 
 
-def _contiguous_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
+def _contiguous_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool
+) -> torch.Tensor:
     return F.scaled_dot_product_attention(q[:, :, None], k, v, enable_gqa=gqa)[:, :, 0]
 
 
-def _paged_copy(k: torch.Tensor, v: torch.Tensor, block_size: int, gen: torch.Generator):
+def _paged_copy(
+    k: torch.Tensor, v: torch.Tensor, block_size: int, gen: torch.Generator
+):
     """Scatter contiguous ``[seqs, kv_heads, ctx, D]`` K/V into shuffled blocks; return caches and tables."""
     seqs, kv_heads, ctx, head_dim = k.shape
     per_seq = -(-ctx // block_size)
     num_blocks = seqs * per_seq
-    tables = torch.randperm(num_blocks, generator=gen).reshape(seqs, per_seq).to(torch.int32)
+    tables = (
+        torch.randperm(num_blocks, generator=gen).reshape(seqs, per_seq).to(torch.int32)
+    )
     caches = []
     for x in (k, v):
-        padded = F.pad(x, (0, 0, 0, per_seq * block_size - ctx))  # [seqs, kvh, per_seq*bs, D]
-        blocks = padded.reshape(seqs, kv_heads, per_seq, block_size, head_dim).permute(0, 2, 3, 1, 4)
-        cache = torch.empty(num_blocks, block_size, kv_heads, head_dim, dtype=x.dtype, device=x.device)
-        cache[tables.long().to(x.device).reshape(-1)] = blocks.reshape(-1, block_size, kv_heads, head_dim)
+        padded = F.pad(
+            x, (0, 0, 0, per_seq * block_size - ctx)
+        )  # [seqs, kvh, per_seq*bs, D]
+        blocks = padded.reshape(seqs, kv_heads, per_seq, block_size, head_dim).permute(
+            0, 2, 3, 1, 4
+        )
+        cache = torch.empty(
+            num_blocks, block_size, kv_heads, head_dim, dtype=x.dtype, device=x.device
+        )
+        cache[tables.long().to(x.device).reshape(-1)] = blocks.reshape(
+            -1, block_size, kv_heads, head_dim
+        )
         caches.append(cache)
     return caches[0], caches[1], tables.to(k.device)
 
@@ -91,8 +110,12 @@ def kernel_benchmark(
     for batch in batch_sizes:
         for ctx in context_lens:
             q = torch.randn(batch, heads, head_dim, generator=gen).to(device, dtype)
-            k = torch.randn(batch, kv_heads, ctx, head_dim, generator=gen).to(device, dtype)
-            v = torch.randn(batch, kv_heads, ctx, head_dim, generator=gen).to(device, dtype)
+            k = torch.randn(batch, kv_heads, ctx, head_dim, generator=gen).to(
+                device, dtype
+            )
+            v = torch.randn(batch, kv_heads, ctx, head_dim, generator=gen).to(
+                device, dtype
+            )
             k_cache, v_cache, tables = _paged_copy(k, v, block_size, gen)
             lens = torch.full((batch,), ctx, dtype=torch.int32, device=device)
             workspace: dict = {}
@@ -101,15 +124,29 @@ def kernel_benchmark(
             if cuda:
                 paged = partial(paged_decode, q, k_cache, v_cache, tables, lens)
             else:
-                paged = partial(paged_decode_torch, q, k_cache, v_cache, tables, lens, workspace=workspace)
+                paged = partial(
+                    paged_decode_torch,
+                    q,
+                    k_cache,
+                    v_cache,
+                    tables,
+                    lens,
+                    workspace=workspace,
+                )
 
             error = (paged().float() - contiguous().float()).abs().max().item()
             t_contig = time_call(contiguous, device, repeats)
             t_paged = time_call(paged, device, repeats)
             kv_bytes = 2 * k.numel() * k.element_size()
-            row = {"batch": batch, "context_len": ctx, "contiguous_ms": t_contig * 1e3, "paged_ms": t_paged * 1e3,
-                   "paged_over_contiguous": t_paged / t_contig, "max_error": error,
-                   "paged_GBps": kv_bytes / t_paged / 1e9}
+            row = {
+                "batch": batch,
+                "context_len": ctx,
+                "contiguous_ms": t_contig * 1e3,
+                "paged_ms": t_paged * 1e3,
+                "paged_over_contiguous": t_paged / t_contig,
+                "max_error": error,
+                "paged_GBps": kv_bytes / t_paged / 1e9,
+            }
             if cuda:
                 src = torch.empty(kv_bytes, dtype=torch.uint8, device=device)
                 dst = torch.empty_like(src)
@@ -127,13 +164,13 @@ def print_kernel_table(rows: list[dict]) -> None:
     header = f"{'batch':>5} {'context':>7} {'contig ms':>10} {'paged ms':>9} {'paged/contig':>12} {'paged GB/s':>10}"
     print(header + (f" {'copy GB/s':>9} {'of copy':>7}" if has_copy else ""))
     for r in rows:
-        line = (f"{r['batch']:5} {r['context_len']:7} {r['contiguous_ms']:10.3f} {r['paged_ms']:9.3f} "
-                f"{r['paged_over_contiguous']:12.2f} {r['paged_GBps']:10.1f}")
+        line = (
+            f"{r['batch']:5} {r['context_len']:7} {r['contiguous_ms']:10.3f} {r['paged_ms']:9.3f} "
+            f"{r['paged_over_contiguous']:12.2f} {r['paged_GBps']:10.1f}"
+        )
         if has_copy:
             line += f" {r['copy_GBps']:9.1f} {r['fraction_of_copy']:7.0%}"
         print(line)
-
-
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -147,43 +184,96 @@ def scaled_chat_trace(num_requests: int, max_model_len: int, seed: int = 0) -> l
     from .workloads import SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT, chat_workload
 
     f = max_model_len / 2048
-    return chat_workload(num_requests, seed=seed, max_model_len=max_model_len,
-                         mean_prompt=SHAREGPT_MEAN_PROMPT * f, mean_output=SHAREGPT_MEAN_OUTPUT * f)
+    return chat_workload(
+        num_requests,
+        seed=seed,
+        max_model_len=max_model_len,
+        mean_prompt=SHAREGPT_MEAN_PROMPT * f,
+        mean_output=SHAREGPT_MEAN_OUTPUT * f,
+    )
 
 
 def _prompt_ids(requests, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [[1] + torch.randint(3, 259, (r.prompt_len - 1,), generator=g).tolist() for r in requests]
+    return [
+        [1] + torch.randint(3, 259, (r.prompt_len - 1,), generator=g).tolist()
+        for r in requests
+    ]
 
 
-def _summary(name: str, wall: float, out_tokens: int, n: int, ttft: list[float] | None, tpot: list[float] | None,
-             peak_kv_bytes: int) -> dict:
+def _summary(
+    name: str,
+    wall: float,
+    out_tokens: int,
+    n: int,
+    ttft: list[float] | None,
+    tpot: list[float] | None,
+    peak_kv_bytes: int,
+) -> dict:
     def pct(xs, q):
         return float(torch.tensor(xs).quantile(q)) if xs else float("nan")
 
-    return {"system": name, "seconds": wall, "output_tok_per_s": out_tokens / wall, "req_per_s": n / wall,
-            "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9), "tpot_p50": pct(tpot, 0.5),
-            "tpot_p90": pct(tpot, 0.9), "peak_kv_MiB": peak_kv_bytes / 2**20, "output_tokens": out_tokens}
+    return {
+        "system": name,
+        "seconds": wall,
+        "output_tok_per_s": out_tokens / wall,
+        "req_per_s": n / wall,
+        "ttft_p50": pct(ttft, 0.5),
+        "ttft_p90": pct(ttft, 0.9),
+        "tpot_p50": pct(tpot, 0.5),
+        "tpot_p90": pct(tpot, 0.9),
+        "peak_kv_MiB": peak_kv_bytes / 2**20,
+        "output_tokens": out_tokens,
+    }
 
 
-def _run_ours(model_name, requests, prompts, device, budget_bytes, block_size, max_model_len, reserve, max_num_seqs):
+def _run_ours(
+    model_name,
+    requests,
+    prompts,
+    device,
+    budget_bytes,
+    block_size,
+    max_model_len,
+    reserve,
+    max_num_seqs,
+):
     from .engine import SamplingParams
     from .kvmath import KVSpec
     from .llm import LLM
 
-    llm = LLM(model_name, block_size=block_size, kv_cache_memory=budget_bytes, max_model_len=max_model_len,
-              device=device, reserve_max_len=reserve, max_num_seqs=max_num_seqs)
-    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    llm = LLM(
+        model_name,
+        block_size=block_size,
+        kv_cache_memory=budget_bytes,
+        max_model_len=max_model_len,
+        device=device,
+        reserve_max_len=reserve,
+        max_num_seqs=max_num_seqs,
+    )
+    params = [
+        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+        for r in requests
+    ]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
     llm.stats.peak_blocks_used = 0
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t0
-    bytes_per_block = KVSpec.from_config(llm.model.config, llm.model.dtype).bytes_per_token * block_size
+    bytes_per_block = (
+        KVSpec.from_config(llm.model.config, llm.model.dtype).bytes_per_token
+        * block_size
+    )
     name = "contiguous" if reserve else "pagedkv"
-    return _summary(name, wall, sum(len(o.token_ids) for o in outs), len(outs),
-                    [o.metrics.time_to_first_token for o in outs], [o.metrics.time_per_output_token for o in outs],
-                    llm.stats.peak_blocks_used * bytes_per_block), outs
+    return _summary(
+        name,
+        wall,
+        sum(len(o.token_ids) for o in outs),
+        len(outs),
+        [o.metrics.time_to_first_token for o in outs],
+        [o.metrics.time_per_output_token for o in outs],
+        llm.stats.peak_blocks_used * bytes_per_block,
+    ), outs
 
 
 def _run_hf_static(model_name, requests, prompts, device, batch_size):
@@ -198,18 +288,38 @@ def _run_hf_static(model_name, requests, prompts, device, batch_size):
         for i in range(0, len(prompts), batch_size):
             batch, reqs = prompts[i : i + batch_size], requests[i : i + batch_size]
             width = max(map(len, batch))
-            ids = torch.tensor([[0] * (width - len(p)) + p for p in batch], device=device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
-            new = max(r.output_len for r in reqs)  # a static batch runs until its longest request is done
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)
+            ids = torch.tensor(
+                [[0] * (width - len(p)) + p for p in batch], device=device
+            )
+            mask = torch.tensor(
+                [[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device
+            )
+            new = max(
+                r.output_len for r in reqs
+            )  # a static batch runs until its longest request is done
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
             peak = max(peak, spec.bytes_for(len(batch) * (width + new - 1)))
-            outputs += [out[j, width : width + r.output_len].tolist() for j, r in enumerate(reqs)]
+            outputs += [
+                out[j, width : width + r.output_len].tolist()
+                for j, r in enumerate(reqs)
+            ]
     wall = time.perf_counter() - t0
-    return _summary("hf-generate", wall, sum(map(len, outputs)), len(outputs), None, None, peak), outputs
+    return _summary(
+        "hf-generate", wall, sum(map(len, outputs)), len(outputs), None, None, peak
+    ), outputs
 
 
-def _run_hf_continuous(model_name, requests, prompts, device, budget_tokens, block_size):
+def _run_hf_continuous(
+    model_name, requests, prompts, device, budget_tokens, block_size
+):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -218,21 +328,35 @@ def _run_hf_continuous(model_name, requests, prompts, device, budget_tokens, blo
 
     model, _ = load_model(model_name, device=device)
     spec = KVSpec.from_config(model.config, model.dtype)
-    gen = GenerationConfig(max_new_tokens=max(r.output_len for r in requests), do_sample=False, eos_token_id=-1,
-                           pad_token_id=0)
-    cb = ContinuousBatchingConfig(page_size=block_size, num_blocks=budget_tokens // block_size,
-                                  max_batch_tokens=max(512, max(map(len, prompts))), allow_block_sharing=False)
+    gen = GenerationConfig(
+        max_new_tokens=max(r.output_len for r in requests),
+        do_sample=False,
+        eos_token_id=-1,
+        pad_token_id=0,
+    )
+    cb = ContinuousBatchingConfig(
+        page_size=block_size,
+        num_blocks=budget_tokens // block_size,
+        max_batch_tokens=max(512, max(map(len, prompts))),
+        allow_block_sharing=False,
+    )
     manager = model.init_continuous_batching(gen, cb)
     manager.start()
     try:
         t0 = time.perf_counter()
-        ids = {manager.add_request(p, max_new_tokens=r.output_len, record_timestamps=True): i
-               for i, (p, r) in enumerate(zip(prompts, requests))}
+        ids = {
+            manager.add_request(
+                p, max_new_tokens=r.output_len, record_timestamps=True
+            ): i
+            for i, (p, r) in enumerate(zip(prompts, requests))
+        }
         results = {}
         while len(results) < len(ids):
             res = manager.get_result(timeout=60)
             if res is None:
-                raise RuntimeError("transformers' continuous batching stopped before finishing every request")
+                raise RuntimeError(
+                    "transformers' continuous batching stopped before finishing every request"
+                )
             if res.is_finished():
                 results[ids[res.request_id]] = res
         wall = time.perf_counter() - t0
@@ -245,13 +369,28 @@ def _run_hf_continuous(model_name, requests, prompts, device, budget_tokens, blo
         if stamps:
             ttft.append(stamps[0] - res.created_time)
             tpot.append((stamps[-1] - stamps[0]) / max(1, len(stamps) - 1))
-    return _summary("hf-continuous", wall, sum(map(len, outputs)), len(outputs), ttft or None, tpot or None,
-                    spec.bytes_for(budget_tokens)), outputs
+    return _summary(
+        "hf-continuous",
+        wall,
+        sum(map(len, outputs)),
+        len(outputs),
+        ttft or None,
+        tpot or None,
+        spec.bytes_for(budget_tokens),
+    ), outputs
 
 
-def serve_benchmark(model_name: str = "small-llama", requests=None, *, device: torch.device | None = None,
-                    max_model_len: int = 512, budget_requests: int = 8, block_size: int = 16,
-                    systems: tuple[str, ...] = SYSTEMS, max_num_seqs: int = 256) -> tuple[list[dict], dict]:
+def serve_benchmark(
+    model_name: str = "small-llama",
+    requests=None,
+    *,
+    device: torch.device | None = None,
+    max_model_len: int = 512,
+    budget_requests: int = 8,
+    block_size: int = 16,
+    systems: tuple[str, ...] = SYSTEMS,
+    max_num_seqs: int = 256,
+) -> tuple[list[dict], dict]:
     """Serve the same requests with each system under one KV budget; return summary rows and outputs.
 
     The budget holds ``budget_requests`` requests of ``max_model_len`` tokens: exactly what static batching
@@ -262,21 +401,40 @@ def serve_benchmark(model_name: str = "small-llama", requests=None, *, device: t
     from .models import offline_config
 
     device = device or pick_device()
-    requests = requests if requests is not None else scaled_chat_trace(64, max_model_len)
+    requests = (
+        requests if requests is not None else scaled_chat_trace(64, max_model_len)
+    )
     prompts = _prompt_ids(requests)
-    spec = KVSpec.from_config(offline_config(model_name) if not hasattr(model_name, "config") else model_name.config,
-                              torch.float32 if device.type == "cpu" else torch.float16)
+    spec = KVSpec.from_config(
+        offline_config(model_name)
+        if not hasattr(model_name, "config")
+        else model_name.config,
+        torch.float32 if device.type == "cpu" else torch.float16,
+    )
     budget_tokens = budget_requests * max_model_len
     rows, outputs = [], {}
     for system in systems:
         if system in ("pagedkv", "contiguous"):
-            row, outs = _run_ours(model_name, requests, prompts, device, spec.bytes_for(budget_tokens), block_size,
-                                  max_model_len, system == "contiguous", max_num_seqs)
+            row, outs = _run_ours(
+                model_name,
+                requests,
+                prompts,
+                device,
+                spec.bytes_for(budget_tokens),
+                block_size,
+                max_model_len,
+                system == "contiguous",
+                max_num_seqs,
+            )
             outputs[system] = [o.token_ids for o in outs]
         elif system == "hf-generate":
-            row, outputs[system] = _run_hf_static(model_name, requests, prompts, device, budget_requests)
+            row, outputs[system] = _run_hf_static(
+                model_name, requests, prompts, device, budget_requests
+            )
         elif system == "hf-continuous":
-            row, outputs[system] = _run_hf_continuous(model_name, requests, prompts, device, budget_tokens, block_size)
+            row, outputs[system] = _run_hf_continuous(
+                model_name, requests, prompts, device, budget_tokens, block_size
+            )
         else:
             raise ValueError(f"unknown system {system!r}; choose from {SYSTEMS}")
         rows.append(row)
@@ -286,31 +444,55 @@ def serve_benchmark(model_name: str = "small-llama", requests=None, *, device: t
 def print_serve_table(rows: list[dict]) -> None:
     """Print `serve_benchmark` rows, with throughput relative to the first row."""
     base = rows[0]["output_tok_per_s"]
-    print(f"{'system':14} {'tok/s':>8} {'vs ' + rows[0]['system']:>15} {'req/s':>6} {'TTFT p50':>9} {'TTFT p90':>9} "
-          f"{'TPOT p50':>9} {'TPOT p90':>9} {'peak KV MiB':>11}")
+    print(
+        f"{'system':14} {'tok/s':>8} {'vs ' + rows[0]['system']:>15} {'req/s':>6} {'TTFT p50':>9} {'TTFT p90':>9} "
+        f"{'TPOT p50':>9} {'TPOT p90':>9} {'peak KV MiB':>11}"
+    )
     for r in rows:
-        print(f"{r['system']:14} {r['output_tok_per_s']:8.1f} {r['output_tok_per_s'] / base:15.2f} "
-              f"{r['req_per_s']:6.2f} {r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['tpot_p50']:9.4f} "
-              f"{r['tpot_p90']:9.4f} {r['peak_kv_MiB']:11.1f}")
+        print(
+            f"{r['system']:14} {r['output_tok_per_s']:8.1f} {r['output_tok_per_s'] / base:15.2f} "
+            f"{r['req_per_s']:6.2f} {r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['tpot_p50']:9.4f} "
+            f"{r['tpot_p90']:9.4f} {r['peak_kv_MiB']:11.1f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pagedkv_lab.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedkv_lab.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     kp = sub.add_parser("kernel", help="paged vs contiguous decode attention")
-    kp.add_argument("--batch", type=int, nargs="+", help="batch sizes (default: by device)")
-    kp.add_argument("--context", type=int, nargs="+", help="context lengths (default: by device)")
+    kp.add_argument(
+        "--batch", type=int, nargs="+", help="batch sizes (default: by device)"
+    )
+    kp.add_argument(
+        "--context", type=int, nargs="+", help="context lengths (default: by device)"
+    )
     kp.add_argument("--block-size", type=int, default=16)
     kp.add_argument("--repeats", type=int, default=10)
     kp.add_argument("--device", default=None)
-    sp = sub.add_parser("serve", help="our engine vs transformers generate / continuous batching")
-    sp.add_argument("--model", default=None, help="offline model name (default: small-llama)")
-    sp.add_argument("--workload", choices=["w1", "w2", "fixed"], default="w1",
-                    help="w1 chat-like, w2 uniform 100-1024 (scaled), fixed: equal lengths at equal batch size")
+    sp = sub.add_parser(
+        "serve", help="our engine vs transformers generate / continuous batching"
+    )
+    sp.add_argument(
+        "--model", default=None, help="offline model name (default: small-llama)"
+    )
+    sp.add_argument(
+        "--workload",
+        choices=["w1", "w2", "fixed"],
+        default="w1",
+        help="w1 chat-like, w2 uniform 100-1024 (scaled), fixed: equal lengths at equal batch size",
+    )
     sp.add_argument("--num-requests", type=int, default=None)
     sp.add_argument("--max-model-len", type=int, default=512)
-    sp.add_argument("--budget-requests", type=int, default=8, help="KV budget, in max-length requests")
+    sp.add_argument(
+        "--budget-requests",
+        type=int,
+        default=8,
+        help="KV budget, in max-length requests",
+    )
     sp.add_argument("--block-size", type=int, default=16)
     sp.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
     sp.add_argument("--device", default=None)
@@ -323,11 +505,17 @@ def main(argv: list[str] | None = None) -> None:
     print(" | ".join(f"{k} {v}" for k, v in device_report(device).items()))
     if args.command == "kernel":
         batches = args.batch or by_device((1, 8, 32), (1, 8, 64, 256), device)
-        contexts = args.context or by_device((256, 1024, 4096), (128, 512, 1024, 4096), device)
-        rows = kernel_benchmark(device, batches, contexts, block_size=args.block_size, repeats=args.repeats)
+        contexts = args.context or by_device(
+            (256, 1024, 4096), (128, 512, 1024, 4096), device
+        )
+        rows = kernel_benchmark(
+            device, batches, contexts, block_size=args.block_size, repeats=args.repeats
+        )
         print_kernel_table(rows)
         if device.type != "cuda":
-            print("CPU run: the paged path is PyTorch gather + SDPA. Kernel bandwidth figures need a CUDA GPU.")
+            print(
+                "CPU run: the paged path is PyTorch gather + SDPA. Kernel bandwidth figures need a CUDA GPU."
+            )
     elif args.command == "serve":
         from .workloads import Request, uniform_workload
 
@@ -336,19 +524,30 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs = 256
         if args.workload == "w1":
             requests = scaled_chat_trace(n, length)
-        elif args.workload == "w2":  # nano-vllm's 100-1024 range, scaled to max_model_len
+        elif (
+            args.workload == "w2"
+        ):  # nano-vllm's 100-1024 range, scaled to max_model_len
             lo, hi = max(1, 100 * length // 2048), max(2, 1024 * length // 2048)
             requests = uniform_workload(n, low=lo, high=hi)
         else:  # equal lengths; our engine limited to the same batch size as static generate
             requests = [Request(i, 0.0, length // 2, length // 2) for i in range(n)]
             max_num_seqs = args.budget_requests
         model = args.model or "small-llama"
-        print(f"model {model}, workload {args.workload}: {len(requests)} requests, "
-              f"{sum(r.output_len for r in requests)} output tokens, max_model_len {length}, "
-              f"KV budget {args.budget_requests} x {length} tokens, block size {args.block_size}")
-        rows, outputs = serve_benchmark(model, requests, device=device, max_model_len=length,
-                                        budget_requests=args.budget_requests, block_size=args.block_size,
-                                        systems=tuple(args.systems), max_num_seqs=max_num_seqs)
+        print(
+            f"model {model}, workload {args.workload}: {len(requests)} requests, "
+            f"{sum(r.output_len for r in requests)} output tokens, max_model_len {length}, "
+            f"KV budget {args.budget_requests} x {length} tokens, block size {args.block_size}"
+        )
+        rows, outputs = serve_benchmark(
+            model,
+            requests,
+            device=device,
+            max_model_len=length,
+            budget_requests=args.budget_requests,
+            block_size=args.block_size,
+            systems=tuple(args.systems),
+            max_num_seqs=max_num_seqs,
+        )
         print_serve_table(rows)
         first = outputs[rows[0]["system"]]
         same = {k: sum(a == b for a, b in zip(v, first)) for k, v in outputs.items()}

@@ -40,7 +40,9 @@ class ContiguousAllocator:
 
     def __init__(self, num_slots: int, fit: str = "first"):
         if num_slots < 1:
-            raise ValueError(f"the pool needs at least one slot, got num_slots={num_slots}")
+            raise ValueError(
+                f"the pool needs at least one slot, got num_slots={num_slots}"
+            )
         if fit not in ("first", "best"):
             raise ValueError(f"fit must be 'first' or 'best', got {fit!r}")
         self.num_slots = num_slots
@@ -70,7 +72,11 @@ class ContiguousAllocator:
         fitting = [g for g in self.gaps() if g.length >= n]
         if not fitting:
             return None
-        return fitting[0] if self.fit == "first" else min(fitting, key=lambda g: (g.length, g.start))
+        return (
+            fitting[0]
+            if self.fit == "first"
+            else min(fitting, key=lambda g: (g.length, g.start))
+        )
 
     def can_allocate(self, n: int) -> bool:
         """Whether a region of ``n`` slots is available now."""
@@ -81,9 +87,13 @@ class ContiguousAllocator:
         if n < 1:
             raise ValueError(f"a region needs at least one slot, got n={n}")
         if n > self.num_slots:
-            raise ValueError(f"{owner!r} asks for {n} slots but the whole pool has only {self.num_slots}")
+            raise ValueError(
+                f"{owner!r} asks for {n} slots but the whole pool has only {self.num_slots}"
+            )
         if owner in self.regions:
-            raise ValueError(f"{owner!r} already holds {self.regions[owner]}; free it before allocating again")
+            raise ValueError(
+                f"{owner!r} already holds {self.regions[owner]}; free it before allocating again"
+            )
         gap = self._find(n)
         if gap is None:
             raise OutOfMemoryError(
@@ -96,7 +106,9 @@ class ContiguousAllocator:
     def free(self, owner: object) -> None:
         """Return ``owner``'s region to the pool."""
         if owner not in self.regions:
-            raise KeyError(f"{owner!r} holds no region: it was never allocated, or was already freed")
+            raise KeyError(
+                f"{owner!r} holds no region: it was never allocated, or was already freed"
+            )
         del self.regions[owner]
 
 def reservation(req: Request, policy: str, max_model_len: int) -> int:
@@ -107,7 +119,9 @@ def reservation(req: Request, policy: str, max_model_len: int) -> int:
         return min(max_model_len, 1 << math.ceil(math.log2(req.total_len)))
     if policy == "oracle":
         return req.total_len
-    raise ValueError(f"unknown reservation policy {policy!r}; use 'max', 'pow2' or 'oracle'")
+    raise ValueError(
+        f"unknown reservation policy {policy!r}; use 'max', 'pow2' or 'oracle'"
+    )
 
 def pool_segments(
     layout: list[tuple[int, int, int, int]],
@@ -127,12 +141,20 @@ def pool_segments(
         cursor = start + length
     gaps.append((cursor, capacity - cursor))
     free = sum(n for _, n in gaps)
-    blocked = waiting_need is not None and waiting_need <= free and all(n < waiting_need for _, n in gaps)
+    blocked = (
+        waiting_need is not None
+        and waiting_need <= free
+        and all(n < waiting_need for _, n in gaps)
+    )
     segments = [(a, n, "external" if blocked else "free") for a, n in gaps if n > 0]
     for start, length, rid, final in layout:
         used = min(held.get(rid, 0), length)
         will_use = min(length, final)
-        for state, a, b in (("used", 0, used), ("reserved", used, will_use), ("internal", will_use, length)):
+        for state, a, b in (
+            ("used", 0, used),
+            ("reserved", used, will_use),
+            ("internal", will_use, length),
+        ):
             if b > a:
                 segments.append((start + a, b - a, state))
     return sorted(segments)
@@ -142,15 +164,23 @@ class ContiguousPool:
 
     STATES = ("used", "reserved", "internal", "external", "free")
 
-    def __init__(self, capacity: int, max_model_len: int, policy: str = "max", fit: str = "first"):
+    def __init__(
+        self, capacity: int, max_model_len: int, policy: str = "max", fit: str = "first"
+    ):
         if max_model_len > capacity:
-            raise ValueError(f"max_model_len={max_model_len} does not fit a pool of {capacity} slots")
-        reservation(Request(0, 0.0, 1, 1), policy, max_model_len)  # reject an unknown policy now
+            raise ValueError(
+                f"max_model_len={max_model_len} does not fit a pool of {capacity} slots"
+            )
+        reservation(
+            Request(0, 0.0, 1, 1), policy, max_model_len
+        )  # reject an unknown policy now
         self.capacity = capacity
         self.max_model_len = max_model_len
         self.policy = policy
         self.allocator = ContiguousAllocator(capacity, fit)
-        self.final_len: dict[int, int] = {}  # request id -> length it reaches when it ends
+        self.final_len: dict[
+            int, int
+        ] = {}  # request id -> length it reaches when it ends
 
     def need(self, req: Request) -> int:
         """Slots ``req`` reserves at admission."""
@@ -168,7 +198,9 @@ class ContiguousPool:
         return True
 
     def append_token(self, req: Request, held: int) -> bool:
-        return held <= self.allocator.regions[req.id].length  # the reservation covers the request
+        return (
+            held <= self.allocator.regions[req.id].length
+        )  # the reservation covers the request
 
     def release(self, req: Request) -> None:
         self.allocator.free(req.id)
@@ -176,9 +208,14 @@ class ContiguousPool:
 
     def layout(self) -> list[tuple[int, int, int, int]]:
         """``(start, length, request id, final length)`` of every region, in address order."""
-        return sorted((r.start, r.length, rid, self.final_len[rid]) for rid, r in self.allocator.regions.items())
+        return sorted(
+            (r.start, r.length, rid, self.final_len[rid])
+            for rid, r in self.allocator.regions.items()
+        )
 
-    def usage(self, held: dict[int, int], waiting_head: Request | None) -> dict[str, int]:
+    def usage(
+        self, held: dict[int, int], waiting_head: Request | None
+    ) -> dict[str, int]:
         need = self.need(waiting_head) if waiting_head is not None else None
         totals = dict.fromkeys(self.STATES, 0)
         for _, length, state in pool_segments(self.layout(), held, self.capacity, need):
@@ -190,25 +227,40 @@ class _RegionLayer(DynamicLayer):
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, owner: object):
         super().__init__()
-        self._k, self._v, self._owner = keys, values, owner  # [kv_heads, region_len, head_dim] views
+        self._k, self._v, self._owner = (
+            keys,
+            values,
+            owner,
+        )  # [kv_heads, region_len, head_dim] views
         self._len = 0
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def lazy_initialization(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> None:
         self.dtype, self.device = self._k.dtype, self._k.device
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != 1:
-            raise ValueError(f"a region holds one sequence, got a batch of {key_states.shape[0]}")
+            raise ValueError(
+                f"a region holds one sequence, got a batch of {key_states.shape[0]}"
+            )
         new = key_states.shape[-2]
         if self._len + new > self._k.shape[1]:
-            raise OutOfMemoryError(f"request {self._owner!r} outgrew its reservation of {self._k.shape[1]} tokens")
+            raise OutOfMemoryError(
+                f"request {self._owner!r} outgrew its reservation of {self._k.shape[1]} tokens"
+            )
         self._k[:, self._len : self._len + new] = key_states[0]
         self._v[:, self._len : self._len + new] = value_states[0]
         self._len += new
-        self.keys, self.values = self._k[None, :, : self._len], self._v[None, :, : self._len]
+        self.keys, self.values = (
+            self._k[None, :, : self._len],
+            self._v[None, :, : self._len],
+        )
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -225,10 +277,25 @@ class ContiguousKVCache:
     ``transformers.Cache`` to pass to the model as ``past_key_values``.
     """
 
-    def __init__(self, config: PretrainedConfig, num_slots: int, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", fit: str = "first"):
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (config.num_hidden_layers, config.num_key_value_heads, num_slots, head_dim)
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        num_slots: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        fit: str = "first",
+    ):
+        head_dim = (
+            getattr(config, "head_dim", None)
+            or config.hidden_size // config.num_attention_heads
+        )
+        shape = (
+            config.num_hidden_layers,
+            config.num_key_value_heads,
+            num_slots,
+            head_dim,
+        )
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.allocator = ContiguousAllocator(num_slots, fit)
@@ -246,7 +313,10 @@ class ContiguousKVCache:
         """Reserve ``max_len`` slots for ``owner``; return the cache to pass as ``past_key_values``."""
         region = self.allocator.allocate(owner, max_len)
         span = slice(region.start, region.end)
-        layers = [_RegionLayer(self.k[i, :, span], self.v[i, :, span], owner) for i in range(self.k.shape[0])]
+        layers = [
+            _RegionLayer(self.k[i, :, span], self.v[i, :, span], owner)
+            for i in range(self.k.shape[0])
+        ]
         self._caches[owner] = cache = Cache(layers=layers)
         return cache
 
@@ -260,8 +330,12 @@ class ContiguousKVCache:
 
     @property
     def bytes_reserved(self) -> int:
-        return (self.allocator.num_slots - self.allocator.num_free) * self.bytes_per_slot
+        return (
+            self.allocator.num_slots - self.allocator.num_free
+        ) * self.bytes_per_slot
 
     @property
     def bytes_used(self) -> int:
-        return sum(self.tokens_held(owner) for owner in self._caches) * self.bytes_per_slot
+        return (
+            sum(self.tokens_held(owner) for owner in self._caches) * self.bytes_per_slot
+        )

@@ -20,7 +20,9 @@ def pick_device(prefer: str | None = None) -> torch.device:
     if name:
         device = torch.device(name)
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"device {name!r} was requested but no CUDA device is available")
+            raise RuntimeError(
+                f"device {name!r} was requested but no CUDA device is available"
+            )
         return device
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -32,7 +32,9 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+            raise ValueError(
+                f"temperature must be >= 0 (0 is greedy), got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -46,7 +48,9 @@ class Sequence:
 
     _ids = itertools.count()
 
-    def __init__(self, token_ids: list[int], params: SamplingParams, block_table: BlockTable):
+    def __init__(
+        self, token_ids: list[int], params: SamplingParams, block_table: BlockTable
+    ):
         self.seq_id = next(Sequence._ids)
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
@@ -70,21 +74,42 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
-    def append_token(self, token: int, eos_token_id: int | None, max_model_len: int) -> None:
+    def append_token(
+        self, token: int, eos_token_id: int | None, max_model_len: int
+    ) -> None:
         """Add a generated token and decide whether the sequence is done."""
         self.token_ids.append(token)
         p = self.params
         if (token == eos_token_id and not p.ignore_eos) or token in p.stop_token_ids:
             self.finish_reason = "stop"
-        elif len(self.output_token_ids) >= p.max_tokens or self.num_tokens >= max_model_len:
+        elif (
+            len(self.output_token_ids) >= p.max_tokens
+            or self.num_tokens >= max_model_len
+        ):
             self.finish_reason = "length"
 
 class PagedKVCache:
     """Every layer's K and V blocks in one tensor ``[layers, 2, num_blocks, block_size, kv_heads, head_dim]``."""
 
-    def __init__(self, config, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str):
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        shape = (config.num_hidden_layers, 2, num_blocks, block_size, kv_heads, head_dim_of(config))
+    def __init__(
+        self,
+        config,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ):
+        kv_heads = (
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        )
+        shape = (
+            config.num_hidden_layers,
+            2,
+            num_blocks,
+            block_size,
+            kv_heads,
+            head_dim_of(config),
+        )
         self.data = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size = num_blocks, block_size
 
@@ -96,7 +121,9 @@ class PagedKVCache:
         return self.data.numel() * self.data.element_size()
 
     @staticmethod
-    def blocks_for_budget(config, memory_bytes: int, block_size: int, dtype: torch.dtype) -> int:
+    def blocks_for_budget(
+        config, memory_bytes: int, block_size: int, dtype: torch.dtype
+    ) -> int:
         """How many blocks a KV budget of ``memory_bytes`` holds."""
         per_block = KVSpec.from_config(config, dtype).bytes_per_token * block_size
         return int(memory_bytes // per_block)
@@ -105,20 +132,39 @@ class PagedKVCache:
 class StepInputs:
     """Everything one forward pass needs, for a batch packed into a single row of tokens."""
 
-    input_ids: torch.Tensor  # [num_tokens] the new tokens of every sequence, concatenated
-    positions: torch.Tensor  # [num_tokens] each token's position within its own sequence
+    input_ids: (
+        torch.Tensor
+    )  # [num_tokens] the new tokens of every sequence, concatenated
+    positions: (
+        torch.Tensor
+    )  # [num_tokens] each token's position within its own sequence
     slot_mapping: torch.Tensor  # [num_tokens] cache slot that receives each token's K/V
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with -1
-    context_lens: torch.Tensor  # [num_seqs] tokens with K/V once this step has written its own
-    query_start_loc: torch.Tensor  # [num_seqs + 1] where each sequence's tokens start in the row
-    logits_index: torch.Tensor  # [num_seqs] the row position of each sequence's last token
+    context_lens: (
+        torch.Tensor
+    )  # [num_seqs] tokens with K/V once this step has written its own
+    query_start_loc: (
+        torch.Tensor
+    )  # [num_seqs + 1] where each sequence's tokens start in the row
+    logits_index: (
+        torch.Tensor
+    )  # [num_seqs] the row position of each sequence's last token
     decode_seqs: torch.Tensor  # indices of sequences with exactly one new token
     prefill_seqs: list[int] = field(default_factory=list)  # the others
     kv_cache: PagedKVCache | None = None
     workspace: dict = field(default_factory=dict)
 
-def paged_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, paged_step=None,
-                            **kwargs):
+def paged_attention_forward(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    paged_step=None,
+    **kwargs,
+):
     """The attention function transformers calls in every layer (registered as ``"pagedkv"``).
 
     ``query`` is ``[1, heads, num_tokens, head_dim]`` and ``key``/``value``
@@ -127,51 +173,99 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     the block tables. Returns ``[1, num_tokens, heads, head_dim]``.
     """
     if paged_step is None:
-        raise RuntimeError("the pagedkv attention needs `paged_step` inputs; run the model through ModelRunner")
+        raise RuntimeError(
+            "the pagedkv attention needs `paged_step` inputs; run the model through ModelRunner"
+        )
     step: StepInputs = paged_step
     k_cache, v_cache = step.kv_cache.layer(module.layer_idx)
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, key[0].transpose(0, 1))
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, value[0].transpose(0, 1))
+    k_cache.view(-1, kv_heads, head_dim).index_copy_(
+        0, step.slot_mapping, key[0].transpose(0, 1)
+    )
+    v_cache.view(-1, kv_heads, head_dim).index_copy_(
+        0, step.slot_mapping, value[0].transpose(0, 1)
+    )
     q = query[0].transpose(0, 1)  # [num_tokens, heads, head_dim]
     if not step.prefill_seqs:  # pure decode: one query per sequence, in sequence order
-        out = paged_decode(q, k_cache, v_cache, step.block_tables, step.context_lens, scaling, step.workspace,
-                           check=False)
+        out = paged_decode(
+            q,
+            k_cache,
+            v_cache,
+            step.block_tables,
+            step.context_lens,
+            scaling,
+            step.workspace,
+            check=False,
+        )
         return out[None], None
     out = torch.empty_like(q)
     if len(step.decode_seqs):
         rows = step.query_start_loc[step.decode_seqs]
-        out[rows] = paged_decode(q[rows], k_cache, v_cache, step.block_tables[step.decode_seqs],
-                                 step.context_lens[step.decode_seqs], scaling, step.workspace, check=False)
+        out[rows] = paged_decode(
+            q[rows],
+            k_cache,
+            v_cache,
+            step.block_tables[step.decode_seqs],
+            step.context_lens[step.decode_seqs],
+            scaling,
+            step.workspace,
+            check=False,
+        )
     for i in step.prefill_seqs:
         a, b = int(step.query_start_loc[i]), int(step.query_start_loc[i + 1])
-        out[a:b] = paged_prefill_torch(q[a:b], k_cache, v_cache, step.block_tables[i : i + 1],
-                                       step.context_lens[i : i + 1], step.query_start_loc.new_tensor([0, b - a]),
-                                       scaling)
+        out[a:b] = paged_prefill_torch(
+            q[a:b],
+            k_cache,
+            v_cache,
+            step.block_tables[i : i + 1],
+            step.context_lens[i : i + 1],
+            step.query_start_loc.new_tensor([0, b - a]),
+            scaling,
+        )
     return out[None], None
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
-AttentionMaskInterface.register(ATTENTION_NAME, lambda *args, **kwargs: None)  # we mask inside attention
+AttentionMaskInterface.register(
+    ATTENTION_NAME, lambda *args, **kwargs: None
+)  # we mask inside attention
 
 class ModelRunner:
     """Turns a batch of sequences into tensors, runs the model with paged attention, returns next-token logits."""
 
-    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int = 16, max_model_len: int | None = None):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        num_blocks: int,
+        block_size: int = 16,
+        max_model_len: int | None = None,
+    ):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model type {config.model_type!r} is not supported; use one of {SUPPORTED_MODEL_TYPES}")
+            raise ValueError(
+                f"model type {config.model_type!r} is not supported; use one of {SUPPORTED_MODEL_TYPES}"
+            )
         limit = getattr(config, "max_position_embeddings", None)
         self.max_model_len = max_model_len or limit
         if limit and self.max_model_len > limit:
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's {limit} positions")
-        window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's {limit} positions"
+            )
+        window = (
+            getattr(config, "sliding_window", None)
+            if getattr(config, "use_sliding_window", True)
+            else None
+        )
         if window and self.max_model_len > window:
-            raise ValueError(f"sliding-window attention is not supported: set max_model_len <= {window}")
+            raise ValueError(
+                f"sliding-window attention is not supported: set max_model_len <= {window}"
+            )
         self.model = model
         self.model.set_attn_implementation(ATTENTION_NAME)
         self.device = next(model.parameters()).device
-        self.kv_cache = PagedKVCache(config, num_blocks, block_size, model.dtype, self.device)
+        self.kv_cache = PagedKVCache(
+            config, num_blocks, block_size, model.dtype, self.device
+        )
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.workspace: dict = {}
         self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
@@ -185,8 +279,10 @@ class ModelRunner:
         for seq, n in zip(seqs, num_new_tokens):
             first, last = seq.num_computed_tokens, seq.num_computed_tokens + n
             if n < 1 or last > seq.num_tokens or seq.block_table.num_tokens < last:
-                raise ValueError(f"sequence {seq.seq_id}: cannot compute tokens {first}..{last} "
-                                 f"(it has {seq.num_tokens} tokens, {seq.block_table.num_tokens} with slots)")
+                raise ValueError(
+                    f"sequence {seq.seq_id}: cannot compute tokens {first}..{last} "
+                    f"(it has {seq.num_tokens} tokens, {seq.block_table.num_tokens} with slots)"
+                )
             ids.extend(seq.token_ids[first:last])
             pos.extend(range(first, last))
             table, bs = seq.block_table.blocks, seq.block_table.block_size
@@ -194,16 +290,25 @@ class ModelRunner:
             starts.append(starts[-1] + n)
             ctx.append(last)
         width = max(len(s.block_table.blocks) for s in seqs)
-        tables = [s.block_table.blocks + [-1] * (width - len(s.block_table.blocks)) for s in seqs]
+        tables = [
+            s.block_table.blocks + [-1] * (width - len(s.block_table.blocks))
+            for s in seqs
+        ]
         dev = self.device
         as_long = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
         decode = [i for i, n in enumerate(num_new_tokens) if n == 1]
         return StepInputs(
-            input_ids=as_long(ids), positions=as_long(pos), slot_mapping=as_long(slots),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev), context_lens=as_long(ctx),
-            query_start_loc=as_long(starts), logits_index=as_long(starts[1:]) - 1, decode_seqs=as_long(decode),
+            input_ids=as_long(ids),
+            positions=as_long(pos),
+            slot_mapping=as_long(slots),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            context_lens=as_long(ctx),
+            query_start_loc=as_long(starts),
+            logits_index=as_long(starts[1:]) - 1,
+            decode_seqs=as_long(decode),
             prefill_seqs=[i for i, n in enumerate(num_new_tokens) if n != 1],
-            kv_cache=self.kv_cache, workspace=self.workspace,
+            kv_cache=self.kv_cache,
+            workspace=self.workspace,
         )
 
     @torch.inference_mode()
@@ -211,8 +316,14 @@ class ModelRunner:
         """One forward pass; returns fp32 logits of each sequence's last new token, ``[num_seqs, vocab]``."""
         step = self.prepare(seqs, num_new_tokens)
         # A ready-made 4-D mask makes transformers skip building one; our attention masks by sequence lengths.
-        out = self.model(input_ids=step.input_ids[None], position_ids=step.positions[None], use_cache=False,
-                         attention_mask=self._no_mask, logits_to_keep=step.logits_index, paged_step=step)
+        out = self.model(
+            input_ids=step.input_ids[None],
+            position_ids=step.positions[None],
+            use_cache=False,
+            attention_mask=self._no_mask,
+            logits_to_keep=step.logits_index,
+            paged_step=step,
+        )
         for seq, n in zip(seqs, num_new_tokens):
             seq.num_computed_tokens += n
         return out.logits[0].float()
@@ -233,19 +344,25 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         if p.top_p < 1:
             sorted_logits, order = row.sort(descending=True)
             cumulative = sorted_logits.softmax(-1).cumsum(-1)
-            drop = cumulative - sorted_logits.softmax(-1) >= p.top_p  # keep the smallest prefix reaching top_p
+            drop = (
+                cumulative - sorted_logits.softmax(-1) >= p.top_p
+            )  # keep the smallest prefix reaching top_p
             row = row.scatter(0, order[drop], float("-inf"))
         probs = row.softmax(-1).cpu()
         tokens.append(int(torch.multinomial(probs, 1, generator=seq.generator)))
     return tokens
 
-def run_to_completion(runner: ModelRunner, seqs: list[Sequence], eos_token_id: int | None) -> list[Sequence]:
+def run_to_completion(
+    runner: ModelRunner, seqs: list[Sequence], eos_token_id: int | None
+) -> list[Sequence]:
     """Serve ``seqs`` as one static batch: prefill all, then decode until every sequence stops."""
     active = [s for s in seqs if not s.is_finished]
     while active:
         num_new = [s.num_tokens - s.num_computed_tokens for s in active]
         for seq, n in zip(active, num_new):
-            seq.block_table.append(seq.num_computed_tokens + n - seq.block_table.num_tokens)
+            seq.block_table.append(
+                seq.num_computed_tokens + n - seq.block_table.num_tokens
+            )
         for seq, token in zip(active, sample(runner.run(active, num_new), active)):
             seq.append_token(token, eos_token_id, runner.max_model_len)
         active = [s for s in active if not s.is_finished]

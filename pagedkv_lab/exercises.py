@@ -13,19 +13,30 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 
-def _run(name: str, fn: Callable, cases: list[tuple[str, tuple, object]], hint: str,
-         same: Callable[[object, object], bool] | None = None) -> bool:
+def _run(
+    name: str,
+    fn: Callable,
+    cases: list[tuple[str, tuple, object]],
+    hint: str,
+    same: Callable[[object, object], bool] | None = None,
+) -> bool:
     print(f"Checking {name}:")
     passed = 0
     for label, args, expected in cases:
         try:
             got = fn(*args)
         except NotImplementedError:
-            print("  not attempted yet: replace the `raise NotImplementedError` with your code")
+            print(
+                "  not attempted yet: replace the `raise NotImplementedError` with your code"
+            )
             return False
         except Exception as err:  # show the reader's error without a traceback wall
             got = f"{type(err).__name__}: {err}"
-        if (same(got, expected) if same is not None and not isinstance(got, str) else got == expected):
+        if (
+            same(got, expected)
+            if same is not None and not isinstance(got, str)
+            else got == expected
+        ):
             passed += 1
             print(f"  ✓ {label}")
         else:
@@ -43,33 +54,101 @@ def _cfg(**fields) -> SimpleNamespace:
 
 # Chapter 00 -----------------------------------------------------------------------------------------------
 
+
 def check_gqa_group(fn: Callable) -> bool:
     """``fn(config) -> int``: how many query heads share each KV head."""
     cases = [
-        ("Llama-2-7B (multi-head: no sharing)", (_cfg(num_attention_heads=32, num_key_value_heads=32),), 1),
-        ("Llama-2-70B (GQA)", (_cfg(num_attention_heads=64, num_key_value_heads=8),), 8),
-        ("multi-query attention", (_cfg(num_attention_heads=16, num_key_value_heads=1),), 16),
+        (
+            "Llama-2-7B (multi-head: no sharing)",
+            (_cfg(num_attention_heads=32, num_key_value_heads=32),),
+            1,
+        ),
+        (
+            "Llama-2-70B (GQA)",
+            (_cfg(num_attention_heads=64, num_key_value_heads=8),),
+            8,
+        ),
+        (
+            "multi-query attention",
+            (_cfg(num_attention_heads=16, num_key_value_heads=1),),
+            16,
+        ),
         ("old config without num_key_value_heads", (_cfg(num_attention_heads=12),), 1),
     ]
-    return _run("gqa_group", fn, cases, "num_key_value_heads may be missing (None): then every query head has its own KV head.")
+    return _run(
+        "gqa_group",
+        fn,
+        cases,
+        "num_key_value_heads may be missing (None): then every query head has its own KV head.",
+    )
 
 
 # Chapter 01 -----------------------------------------------------------------------------------------------
 
+
 def check_bytes_per_token(fn: Callable) -> bool:
     """``fn(config, dtype_bytes) -> int``: KV-cache bytes one token costs."""
     cases = [
-        ("Llama-2-7B fp16", (_cfg(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
-                                  hidden_size=4096), 2), 524288),
-        ("Llama-2-70B fp16 (GQA)", (_cfg(num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
-                                         hidden_size=8192), 2), 327680),
-        ("fp32 storage", (_cfg(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                               hidden_size=64), 4), 512),
-        ("explicit head_dim != hidden/heads", (_cfg(num_hidden_layers=4, num_attention_heads=8,
-                                                    num_key_value_heads=2, hidden_size=256, head_dim=64), 2), 2048),
+        (
+            "Llama-2-7B fp16",
+            (
+                _cfg(
+                    num_hidden_layers=32,
+                    num_attention_heads=32,
+                    num_key_value_heads=32,
+                    hidden_size=4096,
+                ),
+                2,
+            ),
+            524288,
+        ),
+        (
+            "Llama-2-70B fp16 (GQA)",
+            (
+                _cfg(
+                    num_hidden_layers=80,
+                    num_attention_heads=64,
+                    num_key_value_heads=8,
+                    hidden_size=8192,
+                ),
+                2,
+            ),
+            327680,
+        ),
+        (
+            "fp32 storage",
+            (
+                _cfg(
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    hidden_size=64,
+                ),
+                4,
+            ),
+            512,
+        ),
+        (
+            "explicit head_dim != hidden/heads",
+            (
+                _cfg(
+                    num_hidden_layers=4,
+                    num_attention_heads=8,
+                    num_key_value_heads=2,
+                    hidden_size=256,
+                    head_dim=64,
+                ),
+                2,
+            ),
+            2048,
+        ),
     ]
-    return _run("bytes_per_token", fn, cases,
-                "2 (K and V) x layers x KV heads (not query heads) x head_dim x bytes; prefer config.head_dim when set.")
+    return _run(
+        "bytes_per_token",
+        fn,
+        cases,
+        "2 (K and V) x layers x KV heads (not query heads) x head_dim x bytes; prefer config.head_dim when set.",
+    )
 
 
 def check_max_requests(fn: Callable) -> bool:
@@ -80,10 +159,16 @@ def check_max_requests(fn: Callable) -> bool:
         ("nothing fits", (1000, 1024, 2048), 0),
         ("negative budget (weights do not fit)", (-10, 1024, 2048), 0),
     ]
-    return _run("max_requests", fn, cases, "floor division; a request needs all max_len tokens; never negative.")
+    return _run(
+        "max_requests",
+        fn,
+        cases,
+        "floor division; a request needs all max_len tokens; never negative.",
+    )
 
 
 # Chapter 02 -----------------------------------------------------------------------------------------------
+
 
 def _best_fit_reference(gaps: list[tuple[int, int]], n: int) -> int | None:
     fitting = [(length, start) for start, length in gaps if length >= n]
@@ -103,7 +188,12 @@ def check_best_fit(fn: Callable) -> bool:
         gaps = [(100 * j, rng.randint(1, 60)) for j in range(rng.randint(1, 8))]
         n = rng.randint(1, 60)
         cases.append((f"random case {i + 1}", (gaps, n), _best_fit_reference(gaps, n)))
-    return _run("best_fit", fn, cases, "among gaps with length >= n take the smallest length; break ties by start.")
+    return _run(
+        "best_fit",
+        fn,
+        cases,
+        "among gaps with length >= n take the smallest length; break ties by start.",
+    )
 
 
 def check_external_fragmentation(fn: Callable) -> bool:
@@ -114,11 +204,16 @@ def check_external_fragmentation(fn: Callable) -> bool:
         ("not enough in total: shortage, not fragmentation", ([100, 50], 400), 0),
         ("no gaps at all", ([], 10), 0),
     ]
-    return _run("external_fragmentation", fn, cases,
-                "count the free slots only when the request is blocked by fragmentation alone: sum >= need but max < need.")
+    return _run(
+        "external_fragmentation",
+        fn,
+        cases,
+        "count the free slots only when the request is blocked by fragmentation alone: sum >= need but max < need.",
+    )
 
 
 # Chapter 03 -----------------------------------------------------------------------------------------------
+
 
 def check_blocks_for(fn: Callable) -> bool:
     """``fn(num_tokens, block_size) -> int``: blocks a sequence of ``num_tokens`` occupies."""
@@ -130,7 +225,12 @@ def check_blocks_for(fn: Callable) -> bool:
         ("block size 1", (5, 1), 5),
         ("long sequence", (4097, 128), 33),
     ]
-    return _run("blocks_for", fn, cases, "ceiling division: (num_tokens + block_size - 1) // block_size.")
+    return _run(
+        "blocks_for",
+        fn,
+        cases,
+        "ceiling division: (num_tokens + block_size - 1) // block_size.",
+    )
 
 
 def check_slot_of(fn: Callable) -> bool:
@@ -142,10 +242,16 @@ def check_slot_of(fn: Callable) -> bool:
         ("first slot of the second block", (table, 4, 4), 8),
         ("inside the third block", (table, 4, 10), 38),
     ]
-    return _run("slot_of", fn, cases, "slot = block_table[position // block_size] * block_size + position % block_size.")
+    return _run(
+        "slot_of",
+        fn,
+        cases,
+        "slot = block_table[position // block_size] * block_size + position % block_size.",
+    )
 
 
 # Chapter 04 -----------------------------------------------------------------------------------------------
+
 
 def check_merge_two(fn: Callable) -> bool:
     """``fn(out_a, lse_a, out_b, lse_b) -> out``: merge two partial attention results of one query."""
@@ -153,21 +259,34 @@ def check_merge_two(fn: Callable) -> bool:
 
     gen = torch.Generator().manual_seed(4)
     cases = []
-    for label, n_a, n_b in [("equal halves", 8, 8), ("uneven split", 3, 29), ("one key on one side", 1, 15)]:
+    for label, n_a, n_b in [
+        ("equal halves", 8, 8),
+        ("uneven split", 3, 29),
+        ("one key on one side", 1, 15),
+    ]:
         scores = torch.randn(n_a + n_b, dtype=torch.float64, generator=gen) * 3
         values = torch.randn(n_a + n_b, 4, dtype=torch.float64, generator=gen)
         exact = torch.softmax(scores, 0) @ values
         parts = []
         for sl in (slice(0, n_a), slice(n_a, None)):
-            parts += [torch.softmax(scores[sl], 0) @ values[sl], torch.logsumexp(scores[sl], 0)]
+            parts += [
+                torch.softmax(scores[sl], 0) @ values[sl],
+                torch.logsumexp(scores[sl], 0),
+            ]
         cases.append((label, tuple(parts), exact))
 
     def same(got, expected) -> bool:
         got = torch.as_tensor(got, dtype=torch.float64)
         return got.shape == expected.shape and torch.allclose(got, expected, atol=1e-10)
 
-    return _run("merge_two", fn, cases, "weights are exp(lse_a - lse) and exp(lse_b - lse), "
-                "with lse = logaddexp(lse_a, lse_b).", same=same)
+    return _run(
+        "merge_two",
+        fn,
+        cases,
+        "weights are exp(lse_a - lse) and exp(lse_b - lse), "
+        "with lse = logaddexp(lse_a, lse_b).",
+        same=same,
+    )
 
 
 def check_visible_keys(fn: Callable) -> bool:
@@ -178,10 +297,16 @@ def check_visible_keys(fn: Callable) -> bool:
         ("decode: one new token", (37, 1, 0), 37),
         ("chunk after 20 cached tokens", (28, 8, 3), 24),
     ]
-    return _run("visible_keys", fn, cases, "query j sits at position context_len - query_len + j and sees itself.")
+    return _run(
+        "visible_keys",
+        fn,
+        cases,
+        "query j sits at position context_len - query_len + j and sees itself.",
+    )
 
 
 # Chapter 05 -----------------------------------------------------------------------------------------------
+
 
 def check_positions_for(fn: Callable) -> bool:
     """``fn(num_computed, num_new) -> list[int]``: position ids of a sequence's new tokens."""
@@ -190,8 +315,12 @@ def check_positions_for(fn: Callable) -> bool:
         ("a decode step after 17 tokens", (17, 1), [17]),
         ("a chunk after 7 tokens", (7, 3), [7, 8, 9]),
     ]
-    return _run("positions_for", lambda a, b: list(fn(a, b)), cases,
-                "new tokens continue where the cached ones stop: range(num_computed, num_computed + num_new).")
+    return _run(
+        "positions_for",
+        lambda a, b: list(fn(a, b)),
+        cases,
+        "new tokens continue where the cached ones stop: range(num_computed, num_computed + num_new).",
+    )
 
 
 def check_logits_rows(fn: Callable) -> bool:
@@ -201,10 +330,16 @@ def check_logits_rows(fn: Callable) -> bool:
         ("decodes only", ([1, 1, 1],), [0, 1, 2]),
         ("prefill, decode, chunk", ([5, 1, 3],), [4, 5, 8]),
     ]
-    return _run("logits_rows", lambda q: list(fn(q)), cases, "cumulative sum of the query lengths, minus one.")
+    return _run(
+        "logits_rows",
+        lambda q: list(fn(q)),
+        cases,
+        "cumulative sum of the query lengths, minus one.",
+    )
 
 
 # Chapter 06 -----------------------------------------------------------------------------------------------
+
 
 def _continuous_reference(output_lens: list[int], batch_size: int) -> int:
     import heapq
@@ -225,7 +360,12 @@ def check_static_steps(fn: Callable) -> bool:
         ("two batches", ([3, 9, 4, 1], 2), 13),
         ("batch of one", ([2, 5], 1), 7),
     ]
-    return _run("static_steps", fn, cases, "sum over consecutive batches of the longest request in each.")
+    return _run(
+        "static_steps",
+        fn,
+        cases,
+        "sum over consecutive batches of the longest request in each.",
+    )
 
 
 def check_continuous_steps(fn: Callable) -> bool:
@@ -239,6 +379,12 @@ def check_continuous_steps(fn: Callable) -> bool:
     for i in range(3):
         lens = [rng.randint(1, 30) for _ in range(rng.randint(3, 12))]
         b = rng.randint(1, 4)
-        cases.append((f"random case {i + 1}", (lens, b), _continuous_reference(lens, b)))
-    return _run("continuous_steps", fn, cases,
-                "give each request, in order, the slot that frees first; the answer is when the last one ends.")
+        cases.append(
+            (f"random case {i + 1}", (lens, b), _continuous_reference(lens, b))
+        )
+    return _run(
+        "continuous_steps",
+        fn,
+        cases,
+        "give each request, in order, the slot that frees first; the answer is when the last one ends.",
+    )

@@ -12,12 +12,20 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 #: Storage bytes per element of the dtypes a KV cache uses.
-DTYPE_BYTES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.float8_e4m3fn: 1}
+DTYPE_BYTES = {
+    torch.float32: 4,
+    torch.float16: 2,
+    torch.bfloat16: 2,
+    torch.float8_e4m3fn: 1,
+}
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
     """Per-head width: ``config.head_dim`` when set, else ``hidden_size / num_attention_heads``."""
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return (
+        getattr(config, "head_dim", None)
+        or config.hidden_size // config.num_attention_heads
+    )
 
 
 @dataclass(frozen=True)
@@ -30,15 +38,23 @@ class KVSpec:
     dtype_bytes: int = 2
 
     @classmethod
-    def from_config(cls, config: PretrainedConfig, dtype: torch.dtype = torch.float16) -> KVSpec:
+    def from_config(
+        cls, config: PretrainedConfig, dtype: torch.dtype = torch.float16
+    ) -> KVSpec:
         """Read the shape from a transformers config; ``dtype`` is the cache's storage type."""
-        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        return cls(config.num_hidden_layers, kv_heads, head_dim_of(config), DTYPE_BYTES[dtype])
+        kv_heads = (
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        )
+        return cls(
+            config.num_hidden_layers, kv_heads, head_dim_of(config), DTYPE_BYTES[dtype]
+        )
 
     @property
     def bytes_per_token(self) -> int:
         """2 (K and V) x layers x KV heads x head_dim x bytes per element."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return (
+            2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        )
 
     def bytes_for(self, num_tokens: int) -> int:
         """Bytes to cache ``num_tokens`` tokens (one request of that length, or many adding up to it)."""
@@ -74,7 +90,9 @@ def count_parameters_from_config(config: PretrainedConfig) -> int:
     """
     h, vocab, n = config.hidden_size, config.vocab_size, config.num_hidden_layers
     q = config.num_attention_heads * head_dim_of(config)
-    kv = (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) * head_dim_of(config)
+    kv = (
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    ) * head_dim_of(config)
     bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
     attention = h * q + 2 * h * kv + q * h + (q + 2 * kv if bias else 0)
     mlp = 3 * h * config.intermediate_size
@@ -83,7 +101,9 @@ def count_parameters_from_config(config: PretrainedConfig) -> int:
 
 
 def _shipped_json() -> dict:
-    return json.loads(resources.files("pagedkv_lab.configs").joinpath("real_models.json").read_text())
+    return json.loads(
+        resources.files("pagedkv_lab.configs").joinpath("real_models.json").read_text()
+    )
 
 
 def real_model_configs() -> dict[str, PretrainedConfig]:
@@ -99,7 +119,11 @@ def real_model_configs() -> dict[str, PretrainedConfig]:
 
 def gpu_memory_bytes() -> dict[str, int]:
     """Memory of common GPUs, in bytes, as the vendors list it (GB = 1e9 bytes)."""
-    return {name: int(gb * 1e9) for name, gb in _shipped_json()["gpus"].items() if not name.startswith("_")}
+    return {
+        name: int(gb * 1e9)
+        for name, gb in _shipped_json()["gpus"].items()
+        if not name.startswith("_")
+    }
 
 
 def kv_budget(

@@ -9,7 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .engine import ModelRunner, PagedKVCache, SamplingParams, Sequence, sample
+from .engine import (
+    ModelRunner,
+    PagedKVCache,
+    SamplingParams,
+    Sequence,
+    sample,
+)
 from .scheduler import Scheduler
 
 
@@ -77,10 +83,20 @@ class LLM:
     GPU memory, or 256 MiB on a CPU.
     """
 
-    def __init__(self, model="tiny-llama", *, block_size: int = 16, kv_cache_memory: int | float | None = None,
-                 max_num_seqs: int = 256, max_model_len: int | None = None, max_num_batched_tokens: int | None = None,
-                 device: str | torch.device | None = None, dtype: torch.dtype | None = None, seed: int = 0,
-                 reserve_max_len: bool = False):
+    def __init__(
+        self,
+        model="tiny-llama",
+        *,
+        block_size: int = 16,
+        kv_cache_memory: int | float | None = None,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        reserve_max_len: bool = False,
+    ):
         from pagedkv_lab.device import pick_device
         from pagedkv_lab.models import load_model
 
@@ -88,27 +104,43 @@ class LLM:
         if isinstance(model, tuple):
             self.model, self.tokenizer = model
         else:
-            self.model, self.tokenizer = load_model(model, seed=seed, dtype=dtype, device=device)
+            self.model, self.tokenizer = load_model(
+                model, seed=seed, dtype=dtype, device=device
+            )
         config = self.model.config
         self.max_model_len = max_model_len or config.max_position_embeddings
         if kv_cache_memory is None:
             kv_cache_memory = 0.9 if device.type == "cuda" else 256 * 2**20
         if isinstance(kv_cache_memory, float):
             if device.type != "cuda" or not 0 < kv_cache_memory <= 1:
-                raise ValueError("a fractional kv_cache_memory needs a CUDA device and a value in (0, 1]")
+                raise ValueError(
+                    "a fractional kv_cache_memory needs a CUDA device and a value in (0, 1]"
+                )
             kv_cache_memory = int(torch.cuda.mem_get_info(device)[0] * kv_cache_memory)
-        num_blocks = PagedKVCache.blocks_for_budget(config, kv_cache_memory, block_size, self.model.dtype)
+        num_blocks = PagedKVCache.blocks_for_budget(
+            config, kv_cache_memory, block_size, self.model.dtype
+        )
         if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory={kv_cache_memory} bytes holds not even one block of {block_size} tokens")
-        self.runner = ModelRunner(self.model, num_blocks, block_size, self.max_model_len)
+            raise ValueError(
+                f"kv_cache_memory={kv_cache_memory} bytes holds not even one block of {block_size} tokens"
+            )
+        self.runner = ModelRunner(
+            self.model, num_blocks, block_size, self.max_model_len
+        )
         batched = max_num_batched_tokens or max(4096, self.max_model_len)
         if batched < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens={batched} must be >= max_model_len={self.max_model_len}: "
-                             "a prompt is prefilled in one step")
-        self.scheduler = Scheduler(self.runner.allocator, max_model_len=self.max_model_len,
-                                   eos_token_id=self.tokenizer.eos_token_id, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=batched,
-                                   reserve_tokens=self.max_model_len if reserve_max_len else None)
+            raise ValueError(
+                f"max_num_batched_tokens={batched} must be >= max_model_len={self.max_model_len}: "
+                "a prompt is prefilled in one step"
+            )
+        self.scheduler = Scheduler(
+            self.runner.allocator,
+            max_model_len=self.max_model_len,
+            eos_token_id=self.tokenizer.eos_token_id,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=batched,
+            reserve_tokens=self.max_model_len if reserve_max_len else None,
+        )
         self.stats = EngineStats(num_blocks, block_size)
         self._requests: dict[int, tuple[Sequence, str | None, RequestMetrics]] = {}
         self._t0 = time.perf_counter()
@@ -116,7 +148,9 @@ class LLM:
     def _now(self) -> float:
         return time.perf_counter() - self._t0
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> int:
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> int:
         """Queue one request; bad input raises ValueError here and disturbs no other request."""
         params = params or SamplingParams()
         if isinstance(prompt, str):
@@ -131,12 +165,19 @@ class LLM:
         if not all(isinstance(t, int) and 0 <= t < vocab for t in token_ids):
             raise ValueError(f"token ids must be ints in [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens; max_model_len={self.max_model_len} leaves "
-                             "no room for output")
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; max_model_len={self.max_model_len} leaves "
+                "no room for output"
+            )
         total = min(len(token_ids) + params.max_tokens, self.max_model_len)
-        if -(-total // self.runner.allocator.block_size) > self.runner.allocator.num_blocks:
-            raise ValueError(f"the request may need {total} tokens of KV cache but the whole pool holds "
-                             f"{self.runner.allocator.num_blocks * self.runner.allocator.block_size}")
+        if (
+            -(-total // self.runner.allocator.block_size)
+            > self.runner.allocator.num_blocks
+        ):
+            raise ValueError(
+                f"the request may need {total} tokens of KV cache but the whole pool holds "
+                f"{self.runner.allocator.num_blocks * self.runner.allocator.block_size}"
+            )
         seq = Sequence(token_ids, params, self.runner.new_block_table())
         self._requests[seq.seq_id] = (seq, text, RequestMetrics(self._now()))
         self.scheduler.add(seq)
@@ -146,8 +187,12 @@ class LLM:
         """Run one iteration: schedule, one forward pass, sample, postprocess. Returns requests that finished."""
         seqs, num_new = self.scheduler.schedule()
         if not seqs:
-            if self.scheduler.has_unfinished:  # admission checks make this unreachable; never spin silently
-                raise RuntimeError("no waiting request could be scheduled although the engine is idle")
+            if (
+                self.scheduler.has_unfinished
+            ):  # admission checks make this unreachable; never spin silently
+                raise RuntimeError(
+                    "no waiting request could be scheduled although the engine is idle"
+                )
             return []
         tokens = sample(self.runner.run(seqs, num_new), seqs)
         finished = self.scheduler.postprocess(seqs, tokens)
@@ -165,25 +210,46 @@ class LLM:
         s.steps += 1
         s.preemptions = self.scheduler.num_preemptions
         s.peak_running = max(s.peak_running, len(running))
-        s.peak_blocks_used = max(s.peak_blocks_used, self.runner.allocator.num_blocks - self.runner.allocator.num_free)
+        s.peak_blocks_used = max(
+            s.peak_blocks_used,
+            self.runner.allocator.num_blocks - self.runner.allocator.num_free,
+        )
         if held:
-            s.utilization_sum += sum(q.num_computed_tokens for q in running) / (held * s.block_size)
+            s.utilization_sum += sum(q.num_computed_tokens for q in running) / (
+                held * s.block_size
+            )
 
     def _output(self, seq: Sequence, now: float) -> RequestOutput:
         _, prompt, metrics = self._requests.pop(seq.seq_id)
         metrics.finish_time, metrics.num_output_tokens = now, len(seq.output_token_ids)
-        return RequestOutput(seq.seq_id, prompt, seq.token_ids[: seq.num_prompt_tokens],
-                             self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True),
-                             seq.output_token_ids, seq.finish_reason, metrics)
+        return RequestOutput(
+            seq.seq_id,
+            prompt,
+            seq.token_ids[: seq.num_prompt_tokens],
+            self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True),
+            seq.output_token_ids,
+            seq.finish_reason,
+            metrics,
+        )
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generate for every prompt (texts or token-id lists); outputs come back in prompt order."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params] * len(prompts)
+        )
         if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling parameters")
+            raise ValueError(
+                f"{len(prompts)} prompts but {len(params)} sampling parameters"
+            )
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
         outputs: dict[int, RequestOutput] = {}
         bar = None

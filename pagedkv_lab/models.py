@@ -45,14 +45,18 @@ def _read_config_json(name: str) -> dict:
 def offline_config(name: str) -> PretrainedConfig:
     """The transformers config of an offline model (see `OFFLINE_MODELS`)."""
     if name not in OFFLINE_MODELS:
-        raise ValueError(f"unknown offline model {name!r}; choose one of {sorted(OFFLINE_MODELS)}")
+        raise ValueError(
+            f"unknown offline model {name!r}; choose one of {sorted(OFFLINE_MODELS)}"
+        )
     fields = _read_config_json(name)
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
 def _bytes_to_unicode() -> list[str]:
     """GPT-2's reversible map from the 256 byte values to printable characters, in byte order."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable = list(range(ord("!"), ord("~") + 1)) + list(
+        range(ord("¡"), ord("¬") + 1)
+    )
     printable += list(range(ord("®"), ord("ÿ") + 1))
     chars, extra = [], 0
     for b in range(256):
@@ -75,17 +79,27 @@ def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     if vocab_size < 256 + _NUM_SPECIAL:
-        raise ValueError(f"vocab_size must be at least {256 + _NUM_SPECIAL} for a byte tokenizer, got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be at least {256 + _NUM_SPECIAL} for a byte tokenizer, got {vocab_size}"
+        )
     vocab = {PAD: 0, BOS: 1, EOS: 2}
     vocab.update({ch: b + _NUM_SPECIAL for b, ch in enumerate(_bytes_to_unicode())})
     reserved = [f"<reserved_{i}>" for i in range(vocab_size - len(vocab))]
     vocab.update({tok: len(vocab) + i for i, tok in enumerate(reserved)})
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(
+        add_prefix_space=False, use_regex=False
+    )
     core.decoder = decoders.ByteLevel()
-    core.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, 1)])
+    core.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", special_tokens=[(BOS, 1)]
+    )
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD, additional_special_tokens=reserved
+        tokenizer_object=core,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=reserved,
     )
     tok.padding_side = "left"  # decoder-only generation pads on the left
     return tok
@@ -110,7 +124,9 @@ def load_model(
     device = torch.device(device) if device is not None else torch.device("cpu")
     if name in OFFLINE_MODELS:
         config = offline_config(name)
-        gen = torch.random.fork_rng(devices=[])  # don't disturb the caller's random stream
+        gen = torch.random.fork_rng(
+            devices=[]
+        )  # don't disturb the caller's random stream
         with gen:
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -119,8 +135,12 @@ def load_model(
         try:
             from transformers import AutoTokenizer
 
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or "auto", local_files_only=local_files_only)
-            tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
+            model = AutoModelForCausalLM.from_pretrained(
+                name, dtype=dtype or "auto", local_files_only=local_files_only
+            )
+            tokenizer = AutoTokenizer.from_pretrained(
+                name, local_files_only=local_files_only
+            )
         except OSError as err:
             raise RuntimeError(
                 f"could not load {name!r} from the Hugging Face Hub (no network, not cached, or no such model). "

@@ -22,7 +22,9 @@ class BlockAllocator:
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}")
+            raise ValueError(
+                f"need num_blocks >= 1 and block_size >= 1, got {num_blocks} and {block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
@@ -40,9 +42,13 @@ class BlockAllocator:
     def allocate(self) -> int:
         """Take a free block, owned once (reference count 1)."""
         if not self.free_list:
-            raise OutOfBlocksError(f"all {self.num_blocks} blocks are in use; check can_allocate() before allocating")
+            raise OutOfBlocksError(
+                f"all {self.num_blocks} blocks are in use; check can_allocate() before allocating"
+            )
         block = self.free_list.pop()
-        assert self.ref_counts[block] == 0, f"block {block} was on the free list while referenced"
+        assert self.ref_counts[block] == 0, (
+            f"block {block} was on the free list while referenced"
+        )
         self.ref_counts[block] = 1
         return block
 
@@ -60,9 +66,13 @@ class BlockAllocator:
 
     def _check_held(self, block: int, verb: str) -> None:
         if not 0 <= block < self.num_blocks:
-            raise ValueError(f"cannot {verb} block {block}: blocks are numbered 0..{self.num_blocks - 1}")
+            raise ValueError(
+                f"cannot {verb} block {block}: blocks are numbered 0..{self.num_blocks - 1}"
+            )
         if self.ref_counts[block] == 0:
-            raise ValueError(f"cannot {verb} block {block}: it is not allocated (double free?)")
+            raise ValueError(
+                f"cannot {verb} block {block}: it is not allocated (double free?)"
+            )
 
 class BlockTable:
     """One sequence's blocks, in logical order, and how many tokens they hold."""
@@ -90,7 +100,9 @@ class BlockTable:
             raise ValueError(f"cannot append {num_new_tokens} tokens")
         needed = self.blocks_needed(num_new_tokens)
         if not self.allocator.can_allocate(needed):
-            raise OutOfBlocksError(f"{needed} more blocks needed, {self.allocator.num_free} free")
+            raise OutOfBlocksError(
+                f"{needed} more blocks needed, {self.allocator.num_free} free"
+            )
         self.blocks.extend(self.allocator.allocate() for _ in range(needed))
         self.num_tokens += num_new_tokens
 
@@ -99,7 +111,9 @@ class BlockTable:
         used to compare the two schemes inside one engine)."""
         needed = self.blocks_needed(total_tokens - self.num_tokens)
         if not self.allocator.can_allocate(needed):
-            raise OutOfBlocksError(f"{needed} more blocks needed, {self.allocator.num_free} free")
+            raise OutOfBlocksError(
+                f"{needed} more blocks needed, {self.allocator.num_free} free"
+            )
         self.blocks.extend(self.allocator.allocate() for _ in range(needed))
 
     def free(self) -> None:
@@ -111,37 +125,59 @@ class BlockTable:
     def slot(self, position: int) -> int:
         """Physical slot of the token at logical ``position``."""
         if not 0 <= position < self.num_tokens:
-            raise IndexError(f"position {position} outside the sequence's {self.num_tokens} tokens")
-        return self.blocks[position // self.block_size] * self.block_size + position % self.block_size
+            raise IndexError(
+                f"position {position} outside the sequence's {self.num_tokens} tokens"
+            )
+        return (
+            self.blocks[position // self.block_size] * self.block_size
+            + position % self.block_size
+        )
 
-def slot_mapping(tables: list[BlockTable], starts: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+def slot_mapping(
+    tables: list[BlockTable], starts: list[int], device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """Slots of the tokens ``starts[i]`` to the end of sequence ``i``, all sequences concatenated (int64)."""
     if len(tables) != len(starts):
         raise ValueError(f"{len(tables)} tables but {len(starts)} start positions")
     slots: list[int] = []
     for table, start in zip(tables, starts):
         if not 0 <= start <= table.num_tokens:
-            raise ValueError(f"start {start} outside a sequence of {table.num_tokens} tokens")
+            raise ValueError(
+                f"start {start} outside a sequence of {table.num_tokens} tokens"
+            )
         bs = table.block_size
-        slots.extend(table.blocks[p // bs] * bs + p % bs for p in range(start, table.num_tokens))
+        slots.extend(
+            table.blocks[p // bs] * bs + p % bs for p in range(start, table.num_tokens)
+        )
     return torch.tensor(slots, dtype=torch.int64, device=device)
 
 
-def block_table_tensor(tables: list[BlockTable], device: torch.device | str = "cpu", pad: int = -1) -> torch.Tensor:
+def block_table_tensor(
+    tables: list[BlockTable], device: torch.device | str = "cpu", pad: int = -1
+) -> torch.Tensor:
     """The block tables as a ``[num_seqs, max_blocks]`` int32 tensor, padded with ``pad``."""
     width = max((len(t.blocks) for t in tables), default=0)
     rows = [t.blocks + [pad] * (width - len(t.blocks)) for t in tables]
-    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(len(tables), width)
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(
+        len(tables), width
+    )
 
 class PagedPool:
     """A ``MemoryPool`` (see ``pagedkv_lab.workloads``) that gives requests blocks as they grow."""
 
     STATES = ("used", "internal", "free")
 
-    def __init__(self, num_blocks: int, block_size: int, max_model_len: int | None = None,
-                 watermark: float = 0.01):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int | None = None,
+        watermark: float = 0.01,
+    ):
         self.allocator = BlockAllocator(num_blocks, block_size)
-        self.watermark_blocks = int(watermark * num_blocks)  # kept free at admission, for growth
+        self.watermark_blocks = int(
+            watermark * num_blocks
+        )  # kept free at admission, for growth
         self.capacity = num_blocks * block_size
         self.max_model_len = max_model_len
         self.tables: dict[int, BlockTable] = {}
@@ -152,10 +188,14 @@ class PagedPool:
                 f"request {req.id} needs {req.total_len} tokens, more than max_model_len={self.max_model_len}"
             )
         if -(-req.total_len // self.allocator.block_size) > self.allocator.num_blocks:
-            raise ValueError(f"request {req.id} needs {req.total_len} tokens; the whole pool holds {self.capacity}")
+            raise ValueError(
+                f"request {req.id} needs {req.total_len} tokens; the whole pool holds {self.capacity}"
+            )
         table = BlockTable(self.allocator)
         # Room for the tokens and the next generated one, leaving the watermark free for running requests.
-        if not self.allocator.can_allocate(table.blocks_needed(num_tokens + 1) + self.watermark_blocks):
+        if not self.allocator.can_allocate(
+            table.blocks_needed(num_tokens + 1) + self.watermark_blocks
+        ):
             return False
         table.append(num_tokens)
         self.tables[req.id] = table
@@ -172,10 +212,18 @@ class PagedPool:
     def release(self, req: Request) -> None:
         self.tables.pop(req.id).free()
 
-    def usage(self, held: dict[int, int], waiting_head: Request | None) -> dict[str, int]:
-        allocated = sum(len(t.blocks) for t in self.tables.values()) * self.allocator.block_size
+    def usage(
+        self, held: dict[int, int], waiting_head: Request | None
+    ) -> dict[str, int]:
+        allocated = (
+            sum(len(t.blocks) for t in self.tables.values()) * self.allocator.block_size
+        )
         used = sum(held.values())
-        return {"used": used, "internal": allocated - used, "free": self.allocator.num_free * self.allocator.block_size}
+        return {
+            "used": used,
+            "internal": allocated - used,
+            "free": self.allocator.num_free * self.allocator.block_size,
+        }
 
     def layout(self) -> dict[int, tuple[int, int]]:
         """Physical block -> (request id, tokens it holds), for every allocated block."""

@@ -34,7 +34,16 @@ LABELS: dict[str, str] = {
 }
 
 #: Colours for comparing systems or settings side by side.
-SERIES = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+SERIES = [
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#F0E442",
+    "#000000",
+]
 
 
 def use_style() -> None:

@@ -21,9 +21,17 @@ class Scheduler:
     the step's token budget (``max_num_batched_tokens``) allows.
     """
 
-    def __init__(self, allocator: BlockAllocator, *, max_model_len: int, eos_token_id: int | None,
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 4096, watermark: float = 0.01,
-                 reserve_tokens: int | None = None):
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        *,
+        max_model_len: int,
+        eos_token_id: int | None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 4096,
+        watermark: float = 0.01,
+        reserve_tokens: int | None = None,
+    ):
         self.allocator = allocator
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
@@ -73,7 +81,9 @@ class Scheduler:
             seq = self.waiting[0]
             new_tokens = seq.num_tokens - seq.num_computed_tokens
             reserve = self.watermark_blocks if self.running else 0
-            if new_tokens > budget or not self.allocator.can_allocate(self._blocks_to_admit(seq) + reserve):
+            if new_tokens > budget or not self.allocator.can_allocate(
+                self._blocks_to_admit(seq) + reserve
+            ):
                 break
             self.waiting.popleft()
             if self.reserve_tokens:

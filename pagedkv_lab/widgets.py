@@ -15,8 +15,16 @@ from matplotlib.patches import Patch
 from .plotting import COLORS, LABELS
 
 
-def draw_pool_rows(ax, segments, capacity: int, row_len: int, *, title: str | None = None,
-                   legend: bool = True, states: tuple[str, ...] | None = None) -> None:
+def draw_pool_rows(
+    ax,
+    segments,
+    capacity: int,
+    row_len: int,
+    *,
+    title: str | None = None,
+    legend: bool = True,
+    states: tuple[str, ...] | None = None,
+) -> None:
     """Draw a linear pool of ``capacity`` slots as rows of ``row_len`` slots (row 0 on top).
 
     ``segments`` are ``(start, length, state)`` runs; a run that crosses a row end wraps.
@@ -26,8 +34,13 @@ def draw_pool_rows(ax, segments, capacity: int, row_len: int, *, title: str | No
         while length > 0:
             row, col = divmod(start, row_len)
             run = min(length, row_len - col)
-            ax.broken_barh([(col, run)], (rows - 1 - row + 0.1, 0.8), facecolors=COLORS[state], edgecolor="white",
-                           linewidth=0.6)
+            ax.broken_barh(
+                [(col, run)],
+                (rows - 1 - row + 0.1, 0.8),
+                facecolors=COLORS[state],
+                edgecolor="white",
+                linewidth=0.6,
+            )
             start, length = start + run, length - run
     ax.set_xlim(0, row_len)
     ax.set_ylim(0, rows)
@@ -38,14 +51,28 @@ def draw_pool_rows(ax, segments, capacity: int, row_len: int, *, title: str | No
         ax.set_title(title)
     if legend:
         shown = states or tuple(dict.fromkeys(s for _, _, s in segments))
-        handles = [Patch(color=COLORS[s], label=LABELS[s]) for s in COLORS if s in shown]
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=min(3, len(handles)),
-                  fontsize=8)
+        handles = [
+            Patch(color=COLORS[s], label=LABELS[s]) for s in COLORS if s in shown
+        ]
+        ax.legend(
+            handles=handles,
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.25),
+            ncol=min(3, len(handles)),
+            fontsize=8,
+        )
 
 
 @lru_cache(maxsize=32)
-def contiguous_trace_frames(pool_rows: int, max_model_len: int, arrival_rate: float, policy: str,
-                            num_requests: int = 120, seed: int = 0, every: int = 10):
+def contiguous_trace_frames(
+    pool_rows: int,
+    max_model_len: int,
+    arrival_rate: float,
+    policy: str,
+    num_requests: int = 120,
+    seed: int = 0,
+    every: int = 10,
+):
     """Simulate W1 through a contiguous pool of ``pool_rows x max_model_len`` slots; frames every ``every`` steps.
 
     Returns ``(capacity, frames)``; each frame is ``(step, segments, stats)`` with
@@ -54,17 +81,26 @@ def contiguous_trace_frames(pool_rows: int, max_model_len: int, arrival_rate: fl
     from .contiguous import ContiguousPool, pool_segments
     from .workloads import chat_workload, simulate
 
-    requests = chat_workload(num_requests, seed=seed, arrival_rate=arrival_rate, max_model_len=max_model_len)
+    requests = chat_workload(
+        num_requests, seed=seed, arrival_rate=arrival_rate, max_model_len=max_model_len
+    )
     pool = ContiguousPool(pool_rows * max_model_len, max_model_len, policy=policy)
     result = simulate(requests, pool, snapshot_every=every)
     frames = []
     for snap in result.snapshots:
         head = snap["waiting_head"]
-        segments = pool_segments(snap["layout"], snap["held"], pool.capacity,
-                                 pool.need(head) if head is not None else None)
+        segments = pool_segments(
+            snap["layout"],
+            snap["held"],
+            pool.capacity,
+            pool.need(head) if head is not None else None,
+        )
         i = snap["step"]
-        stats = {"running": int(result.running[i]), "waiting": int(result.waiting[i]),
-                 **{k: float(v[i] / pool.capacity) for k, v in result.usage.items()}}
+        stats = {
+            "running": int(result.running[i]),
+            "waiting": int(result.waiting[i]),
+            **{k: float(v[i] / pool.capacity) for k, v in result.usage.items()},
+        }
         frames.append((i, tuple(segments), stats))
     return pool.capacity, tuple(frames)
 
@@ -80,22 +116,36 @@ def contiguous_pool_viewer():
 
     rows = w.IntSlider(8, min=2, max=24, description="pool rows")
     max_len = w.IntSlider(2048, min=512, max=4096, step=512, description="max len")
-    rate = w.FloatLogSlider(0.5, base=2, min=-4, max=2, step=0.5, description="arrivals/step")
-    policy = w.Dropdown(options=["max", "pow2", "oracle"], value="max", description="reserve")
+    rate = w.FloatLogSlider(
+        0.5, base=2, min=-4, max=2, step=0.5, description="arrivals/step"
+    )
+    policy = w.Dropdown(
+        options=["max", "pow2", "oracle"], value="max", description="reserve"
+    )
     frame = w.IntSlider(0, min=0, max=0, description="frame")
     out = w.Output()
 
     def redraw(*_):
-        capacity, frames = contiguous_trace_frames(rows.value, max_len.value, rate.value, policy.value)
+        capacity, frames = contiguous_trace_frames(
+            rows.value, max_len.value, rate.value, policy.value
+        )
         frame.max = len(frames) - 1
         step, segments, stats = frames[min(frame.value, frame.max)]
         with out:
             out.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(8, 0.35 * rows.value + 1.6))
-            title = (f"step {step}: {stats['running']} running, {stats['waiting']} waiting, "
-                     f"{stats['used']:.0%} of the pool holds K/V")
-            draw_pool_rows(ax, segments, capacity, max_len.value, title=title,
-                           states=("used", "reserved", "internal", "external", "free"))
+            title = (
+                f"step {step}: {stats['running']} running, {stats['waiting']} waiting, "
+                f"{stats['used']:.0%} of the pool holds K/V"
+            )
+            draw_pool_rows(
+                ax,
+                segments,
+                capacity,
+                max_len.value,
+                title=title,
+                states=("used", "reserved", "internal", "external", "free"),
+            )
             plt.show()
 
     for control in (rows, max_len, rate, policy, frame):
@@ -105,8 +155,14 @@ def contiguous_pool_viewer():
 
 
 @lru_cache(maxsize=32)
-def paged_trace_frames(num_blocks: int = 256, block_size: int = 16, arrival_rate: float = 0.2,
-                       num_requests: int = 60, seed: int = 0, every: int = 10):
+def paged_trace_frames(
+    num_blocks: int = 256,
+    block_size: int = 16,
+    arrival_rate: float = 0.2,
+    num_requests: int = 60,
+    seed: int = 0,
+    every: int = 10,
+):
     """Simulate W1 through a paged pool; frames every ``every`` steps.
 
     Each frame is ``(step, owners, tables)``: ``owners`` maps physical block ->
@@ -115,8 +171,12 @@ def paged_trace_frames(num_blocks: int = 256, block_size: int = 16, arrival_rate
     from .paging import PagedPool
     from .workloads import chat_workload, simulate
 
-    requests = chat_workload(num_requests, seed=seed, arrival_rate=arrival_rate,
-                             max_model_len=min(2048, num_blocks * block_size))
+    requests = chat_workload(
+        num_requests,
+        seed=seed,
+        arrival_rate=arrival_rate,
+        max_model_len=min(2048, num_blocks * block_size),
+    )
     result = simulate(requests, PagedPool(num_blocks, block_size), snapshot_every=every)
     frames = []
     for snap in result.snapshots:
@@ -132,8 +192,14 @@ def _owner_color(rid: int):
     return plt.get_cmap("tab20")(rid % 20)
 
 
-def draw_block_grid(ax, owners: dict[int, tuple[int, int]], num_blocks: int, block_size: int,
-                    columns: int = 16, highlight: int | None = None) -> None:
+def draw_block_grid(
+    ax,
+    owners: dict[int, tuple[int, int]],
+    num_blocks: int,
+    block_size: int,
+    columns: int = 16,
+    highlight: int | None = None,
+) -> None:
     """Draw physical blocks as a grid: coloured by owner, the filled part solid, the rest pale."""
     rows = -(-num_blocks // columns)
     for block in range(num_blocks):
@@ -144,9 +210,20 @@ def draw_block_grid(ax, owners: dict[int, tuple[int, int]], num_blocks: int, blo
             rid, filled = owners[block]
             color = _owner_color(rid)
             ax.add_patch(plt.Rectangle((col, y), 0.92, 0.92, color=color, alpha=0.35))
-            ax.add_patch(plt.Rectangle((col, y), 0.92 * filled / block_size, 0.92, color=color))
+            ax.add_patch(
+                plt.Rectangle((col, y), 0.92 * filled / block_size, 0.92, color=color)
+            )
             if highlight is not None and rid == highlight:
-                ax.add_patch(plt.Rectangle((col, y), 0.92, 0.92, fill=False, edgecolor="black", linewidth=1.5))
+                ax.add_patch(
+                    plt.Rectangle(
+                        (col, y),
+                        0.92,
+                        0.92,
+                        fill=False,
+                        edgecolor="black",
+                        linewidth=1.5,
+                    )
+                )
     ax.set_xlim(0, columns)
     ax.set_ylim(0, rows)
     ax.set_aspect("equal")
@@ -160,7 +237,9 @@ def paged_pool_viewer():
 
     blocks = w.IntSlider(256, min=64, max=512, step=64, description="blocks")
     block_size = w.Dropdown(options=[8, 16, 32, 64], value=16, description="block size")
-    rate = w.FloatLogSlider(0.2, base=2, min=-5, max=1, step=0.5, description="arrivals/step")
+    rate = w.FloatLogSlider(
+        0.2, base=2, min=-5, max=1, step=0.5, description="arrivals/step"
+    )
     frame = w.IntSlider(0, min=0, max=0, description="frame")
     out = w.Output()
 
@@ -170,17 +249,32 @@ def paged_pool_viewer():
         step, owners, tables = frames[min(frame.value, frame.max)]
         with out:
             out.clear_output(wait=True)
-            fig, (ax, ax_t) = plt.subplots(1, 2, figsize=(9, 4), gridspec_kw={"width_ratios": [3, 2]})
+            fig, (ax, ax_t) = plt.subplots(
+                1, 2, figsize=(9, 4), gridspec_kw={"width_ratios": [3, 2]}
+            )
             first = min(tables, default=None)
-            draw_block_grid(ax, owners, blocks.value, block_size.value, columns=16, highlight=first)
-            ax.set_title(f"step {step}: {len(tables)} requests, {len(owners)}/{blocks.value} blocks in use")
+            draw_block_grid(
+                ax, owners, blocks.value, block_size.value, columns=16, highlight=first
+            )
+            ax.set_title(
+                f"step {step}: {len(tables)} requests, {len(owners)}/{blocks.value} blocks in use"
+            )
             ax_t.axis("off")
             if first is not None:
-                lines = [f"logical {i:3} -> physical {b:3}" for i, b in enumerate(tables[first][:16])]
+                lines = [
+                    f"logical {i:3} -> physical {b:3}"
+                    for i, b in enumerate(tables[first][:16])
+                ]
                 if len(tables[first]) > 16:
                     lines.append(f"... {len(tables[first]) - 16} more")
-                ax_t.text(0, 1, f"block table of request {first} (outlined):\n" + "\n".join(lines),
-                          va="top", family="monospace", fontsize=8)
+                ax_t.text(
+                    0,
+                    1,
+                    f"block table of request {first} (outlined):\n" + "\n".join(lines),
+                    va="top",
+                    family="monospace",
+                    fontsize=8,
+                )
             plt.show()
 
     for control in (blocks, block_size, rate, frame):

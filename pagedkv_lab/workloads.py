@@ -54,7 +54,9 @@ def _arrivals(rng: np.random.Generator, n: int, rate: float | None) -> np.ndarra
     if rate is None or math.isinf(rate):
         return np.zeros(n)
     if rate <= 0:
-        raise ValueError(f"arrival rate must be positive (requests per step), got {rate}")
+        raise ValueError(
+            f"arrival rate must be positive (requests per step), got {rate}"
+        )
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
 
 
@@ -83,11 +85,16 @@ def chat_workload(
     rng = np.random.default_rng(seed)
     lengths = []
     while len(lengths) < n:
-        p, o = _lognormal(rng, mean_prompt, sigma_prompt), _lognormal(rng, mean_output, sigma_output)
+        p, o = (
+            _lognormal(rng, mean_prompt, sigma_prompt),
+            _lognormal(rng, mean_output, sigma_output),
+        )
         if p + o <= max_model_len:
             lengths.append((p, o))
     times = _arrivals(rng, n, arrival_rate)
-    return [Request(i, float(t), p, o) for i, (t, (p, o)) in enumerate(zip(times, lengths))]
+    return [
+        Request(i, float(t), p, o) for i, (t, (p, o)) in enumerate(zip(times, lengths))
+    ]
 
 
 def uniform_workload(
@@ -100,12 +107,17 @@ def uniform_workload(
 ) -> list[Request]:
     """W2: ``n`` requests with prompt and output lengths uniform in ``[low, high]`` (nano-vllm's bench)."""
     if n < 1 or not 1 <= low <= high:
-        raise ValueError(f"need n >= 1 and 1 <= low <= high, got n={n}, low={low}, high={high}")
+        raise ValueError(
+            f"need n >= 1 and 1 <= low <= high, got n={n}, low={low}, high={high}"
+        )
     rng = np.random.default_rng(seed)
     prompts = rng.integers(low, high + 1, size=n)
     outputs = rng.integers(low, high + 1, size=n)
     times = _arrivals(rng, n, arrival_rate)
-    return [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(times, prompts, outputs))]
+    return [
+        Request(i, float(t), int(p), int(o))
+        for i, (t, p, o) in enumerate(zip(times, prompts, outputs))
+    ]
 
 
 class MemoryPool(Protocol):
@@ -123,7 +135,9 @@ class MemoryPool(Protocol):
     def release(self, req: Request) -> None:
         """Free everything ``req`` holds."""
 
-    def usage(self, held: dict[int, int], waiting_head: Request | None) -> dict[str, int]:
+    def usage(
+        self, held: dict[int, int], waiting_head: Request | None
+    ) -> dict[str, int]:
         """Split ``capacity`` slots into states (keys of `pagedkv_lab.plotting.COLORS`); must sum to capacity."""
 
 
@@ -146,7 +160,11 @@ class SimResult:
 
     def fractions(self, loaded_only: bool = True) -> dict[str, float]:
         """Mean fraction of the pool in each state; ``loaded_only`` averages over steps with requests waiting."""
-        mask = self.waiting > 0 if loaded_only and (self.waiting > 0).any() else np.ones(self.steps, bool)
+        mask = (
+            self.waiting > 0
+            if loaded_only and (self.waiting > 0).any()
+            else np.ones(self.steps, bool)
+        )
         return {k: float(v[mask].mean() / self.capacity) for k, v in self.usage.items()}
 
     @property
@@ -154,7 +172,11 @@ class SimResult:
         return int(self.running.max()) if self.steps else 0
 
     def mean_running(self, loaded_only: bool = True) -> float:
-        mask = self.waiting > 0 if loaded_only and (self.waiting > 0).any() else np.ones(self.steps, bool)
+        mask = (
+            self.waiting > 0
+            if loaded_only and (self.waiting > 0).any()
+            else np.ones(self.steps, bool)
+        )
         return float(self.running[mask].mean())
 
 
@@ -224,7 +246,14 @@ def simulate(
         n_waiting.append(len(waiting))
         if snapshot_every and step % snapshot_every == 0:
             layout = pool.layout() if hasattr(pool, "layout") else None
-            snaps.append({"step": step, "held": dict(held), "waiting_head": head, "layout": layout})
+            snaps.append(
+                {
+                    "step": step,
+                    "held": dict(held),
+                    "waiting_head": head,
+                    "layout": layout,
+                }
+            )
         for rid in [r for r, req in running.items() if held[r] >= req.total_len]:
             pool.release(running.pop(rid))
             del held[rid]

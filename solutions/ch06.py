@@ -5,7 +5,10 @@ import heapq
 
 def static_steps(output_lens: list[int], batch_size: int) -> int:
     """Each batch runs as long as its longest request."""
-    return sum(max(output_lens[i : i + batch_size]) for i in range(0, len(output_lens), batch_size))
+    return sum(
+        max(output_lens[i : i + batch_size])
+        for i in range(0, len(output_lens), batch_size)
+    )
 
 
 def continuous_steps(output_lens: list[int], batch_size: int) -> int:

@@ -20,12 +20,26 @@ from pagedkv_lab.attention import (
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-def problem(seed, seqs, heads, kv_heads, head_dim, block_size, max_blocks, dtype=torch.float32, share=False):
+def problem(
+    seed,
+    seqs,
+    heads,
+    kv_heads,
+    head_dim,
+    block_size,
+    max_blocks,
+    dtype=torch.float32,
+    share=False,
+):
     g = torch.Generator().manual_seed(seed)
     num_blocks = seqs * max_blocks + 2
     k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
     v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(dtype)
-    tables = torch.randperm(num_blocks, generator=g)[: seqs * max_blocks].reshape(seqs, max_blocks).int()
+    tables = (
+        torch.randperm(num_blocks, generator=g)[: seqs * max_blocks]
+        .reshape(seqs, max_blocks)
+        .int()
+    )
     if share:
         tables[:, 0] = tables[0, 0]
     lens = torch.randint(1, max_blocks * block_size + 1, (seqs,), generator=g)
@@ -37,8 +51,13 @@ def problem(seed, seqs, heads, kv_heads, head_dim, block_size, max_blocks, dtype
 def poisoned(monkeypatch):
     """Kernel output buffers start as NaN, so unwritten elements fail the comparison (the patch holds
     for every generated example)."""
-    monkeypatch.setattr(attention, "_new_buffer",
-                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
+    monkeypatch.setattr(
+        attention,
+        "_new_buffer",
+        lambda shape, dtype, device: torch.full(
+            shape, float("nan"), dtype=dtype, device=device
+        ),
+    )
 
 
 shapes = st.tuples(
@@ -50,30 +69,52 @@ shapes = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(shapes, st.sampled_from(list(TOLERANCE)), st.integers(0, 2**31 - 1), st.booleans(), st.sampled_from([None, 1, 2]))
-def test_triton_decode_matches_float64(poisoned, shape, dtype, seed, share, blocks_per_part):
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    shapes,
+    st.sampled_from(list(TOLERANCE)),
+    st.integers(0, 2**31 - 1),
+    st.booleans(),
+    st.sampled_from([None, 1, 2]),
+)
+def test_triton_decode_matches_float64(
+    poisoned, shape, dtype, seed, share, blocks_per_part
+):
     seqs, (heads, kvh), head_dim, bs, mb = shape
-    q, k, v, tables, lens = problem(seed, seqs, heads, kvh, head_dim, bs, mb, dtype, share)
+    q, k, v, tables, lens = problem(
+        seed, seqs, heads, kvh, head_dim, bs, mb, dtype, share
+    )
     ref = reference_paged_attention(q, k, v, tables, lens)
     out = paged_decode_triton(q, k, v, tables, lens, blocks_per_part=blocks_per_part)
     assert out.dtype == dtype and out.shape == q.shape and out.isfinite().all()
-    assert (out.double() - ref).abs().max() <= TOLERANCE[dtype] * max(1.0, ref.abs().max().item())
+    assert (out.double() - ref).abs().max() <= TOLERANCE[dtype] * max(
+        1.0, ref.abs().max().item()
+    )
 
 
 @settings(max_examples=25, deadline=None)
 @given(shapes, st.integers(0, 2**31 - 1), st.booleans())
 def test_torch_decode_and_prefill_match_float64(shape, seed, share):
     seqs, (heads, kvh), head_dim, bs, mb = shape
-    q, k, v, tables, lens = problem(seed, seqs, heads, kvh, head_dim, bs, mb, share=share)
+    q, k, v, tables, lens = problem(
+        seed, seqs, heads, kvh, head_dim, bs, mb, share=share
+    )
     ref = reference_paged_attention(q, k, v, tables, lens)
-    assert (paged_decode_torch(q, k, v, tables, lens, workspace={}).double() - ref).abs().max() < 2e-5
+    assert (
+        paged_decode_torch(q, k, v, tables, lens, workspace={}).double() - ref
+    ).abs().max() < 2e-5
     g = torch.Generator().manual_seed(seed + 1)
     qlens = torch.minimum(torch.randint(0, 40, (seqs,), generator=g), lens)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), qlens.cumsum(0)])
     qp = torch.randn(int(starts[-1]), heads, head_dim, generator=g)
     ref_p = reference_paged_attention(qp, k, v, tables, lens, starts)
-    assert (paged_prefill_torch(qp, k, v, tables, lens, starts).double() - ref_p).abs().max() < 2e-5
+    assert (
+        paged_prefill_torch(qp, k, v, tables, lens, starts).double() - ref_p
+    ).abs().max() < 2e-5
 
 
 def test_prefill_of_a_whole_prompt_equals_causal_sdpa():
@@ -86,9 +127,12 @@ def test_prefill_of_a_whole_prompt_equals_causal_sdpa():
     table = torch.tensor([[5, 0, 3, 1, 2]], dtype=torch.int32)[:, :blocks]
     slots = table[0].long()[torch.arange(L) // bs] * bs + torch.arange(L) % bs
     k_cache.view(-1, H, D)[slots], v_cache.view(-1, H, D)[slots] = k, v
-    out = paged_prefill_torch(q, k_cache, v_cache, table, torch.tensor([L]), torch.tensor([0, L]))
-    expected = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
-                                                                v.transpose(0, 1), is_causal=True).transpose(0, 1)
+    out = paged_prefill_torch(
+        q, k_cache, v_cache, table, torch.tensor([L]), torch.tensor([0, L])
+    )
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+    ).transpose(0, 1)
     assert torch.allclose(out, expected, atol=1e-5)
 
 
@@ -99,12 +143,17 @@ def test_merge_is_exact_for_any_split():
     exact = torch.softmax(s, 0) @ v
     for cuts in ([25], [1, 2, 49], [10, 20, 30, 40]):
         bounds = [0, *cuts, 50]
-        parts = [(torch.softmax(s[a:b], 0) @ v[a:b], torch.logsumexp(s[a:b], 0)) for a, b in zip(bounds, bounds[1:])]
+        parts = [
+            (torch.softmax(s[a:b], 0) @ v[a:b], torch.logsumexp(s[a:b], 0))
+            for a, b in zip(bounds, bounds[1:])
+        ]
         outs = torch.stack([o for o, _ in parts])
         lses = torch.stack([lse for _, lse in parts])
         assert torch.allclose(merge_partial_attention(outs, lses), exact, atol=1e-13)
-    empty = merge_partial_attention(torch.stack([exact, torch.zeros(3, dtype=torch.float64)]),
-                                    torch.tensor([0.0, -math.inf], dtype=torch.float64))
+    empty = merge_partial_attention(
+        torch.stack([exact, torch.zeros(3, dtype=torch.float64)]),
+        torch.tensor([0.0, -math.inf], dtype=torch.float64),
+    )
     assert torch.allclose(empty, exact)
 
 
@@ -131,4 +180,6 @@ def test_bad_arguments_fail_with_clear_messages():
 
 def test_dispatch_uses_the_torch_path_on_cpu():
     q, k, v, tables, lens = problem(3, 3, 8, 2, 64, 16, 3)
-    assert torch.equal(paged_decode(q, k, v, tables, lens), paged_decode_torch(q, k, v, tables, lens))
+    assert torch.equal(
+        paged_decode(q, k, v, tables, lens), paged_decode_torch(q, k, v, tables, lens)
+    )

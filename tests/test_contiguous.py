@@ -98,8 +98,15 @@ class AllocatorMachine(RuleBasedStateMachine):
 TestAllocatorMachine = AllocatorMachine.TestCase
 
 
-@given(st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300), st.floats(0, 50)), min_size=1, max_size=25),
-       st.sampled_from(["max", "pow2", "oracle"]), st.sampled_from(["first", "best"]))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 300), st.integers(1, 300), st.floats(0, 50)),
+        min_size=1,
+        max_size=25,
+    ),
+    st.sampled_from(["max", "pow2", "oracle"]),
+    st.sampled_from(["first", "best"]),
+)
 def test_pool_accounting_sums_to_capacity_and_everything_is_freed(specs, policy, fit):
     reqs = [Request(i, t, p, o) for i, (p, o, t) in enumerate(specs)]
     pool = ContiguousPool(4 * 600 + 123, 600, policy=policy, fit=fit)
@@ -115,7 +122,10 @@ def test_pool_accounting_sums_to_capacity_and_everything_is_freed(specs, policy,
 def test_simulation_is_deterministic():
     reqs = chat_workload(80, seed=3, arrival_rate=0.5)
     a = simulate(reqs, ContiguousPool(8 * 2048, 2048, policy="pow2"))
-    b = simulate(chat_workload(80, seed=3, arrival_rate=0.5), ContiguousPool(8 * 2048, 2048, policy="pow2"))
+    b = simulate(
+        chat_workload(80, seed=3, arrival_rate=0.5),
+        ContiguousPool(8 * 2048, 2048, policy="pow2"),
+    )
     assert a.finish_step == b.finish_step
     assert all((a.usage[k] == b.usage[k]).all() for k in a.usage)
 
@@ -123,7 +133,9 @@ def test_simulation_is_deterministic():
 def test_max_reservation_wastes_most_of_the_pool_and_oracle_has_no_internal_waste():
     reqs = chat_workload(150, seed=0, arrival_rate=1.0)
     f_max = simulate(reqs, ContiguousPool(8 * 2048, 2048, policy="max")).fractions()
-    f_oracle = simulate(reqs, ContiguousPool(8 * 2048, 2048, policy="oracle")).fractions()
+    f_oracle = simulate(
+        reqs, ContiguousPool(8 * 2048, 2048, policy="oracle")
+    ).fractions()
     assert f_max["used"] < 0.35 and f_max["internal"] > 0.4 and f_max["external"] == 0
     assert f_oracle["internal"] == 0 and f_oracle["used"] > f_max["used"]
 
@@ -150,9 +162,20 @@ def test_segments_mark_external_only_when_fragmentation_blocks():
     held = {1: 5, 2: 10}
     segs = pool_segments(layout, held, 40, waiting_need=15)
     assert ("external" in {s for _, _, s in segs}) and sum(n for _, n, _ in segs) == 40
-    assert (0, 5, "used") in segs and (5, 3, "reserved") in segs and (8, 2, "internal") in segs
-    assert {s for _, _, s in pool_segments(layout, held, 40, waiting_need=10)} == {"used", "reserved", "internal", "free"}
-    assert "external" not in {s for _, _, s in pool_segments(layout, held, 40, waiting_need=25)}  # shortage
+    assert (
+        (0, 5, "used") in segs
+        and (5, 3, "reserved") in segs
+        and (8, 2, "internal") in segs
+    )
+    assert {s for _, _, s in pool_segments(layout, held, 40, waiting_need=10)} == {
+        "used",
+        "reserved",
+        "internal",
+        "free",
+    }
+    assert "external" not in {
+        s for _, _, s in pool_segments(layout, held, 40, waiting_need=25)
+    }  # shortage
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
@@ -160,8 +183,12 @@ def test_tensor_cache_generates_like_transformers(name):
     model, tok = load_model(name)
     kv = ContiguousKVCache(model.config, num_slots=3 * 64)
     for i, n_prompt in enumerate([1, 15, 40]):
-        ids = torch.randint(3, 259, (1, n_prompt), generator=torch.Generator().manual_seed(i))
-        kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False)
+        ids = torch.randint(
+            3, 259, (1, n_prompt), generator=torch.Generator().manual_seed(i)
+        )
+        kwargs = dict(
+            attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False
+        )
         ref = model.generate(ids, **kwargs)
         out = model.generate(ids, past_key_values=kv.reserve(i, 64), **kwargs)
         assert torch.equal(ref, out)
@@ -174,14 +201,26 @@ def test_tensor_cache_overflow_names_the_request_and_keeps_others():
     model, tok = load_model("tiny-llama")
     kv = ContiguousKVCache(model.config, num_slots=64)
     ids = torch.tensor([[1, 5, 6, 7]])
-    model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, past_key_values=kv.reserve("a", 32))
+    model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=3,
+        past_key_values=kv.reserve("a", 32),
+    )
     snapshot = kv.k.clone()
     with pytest.raises(OutOfMemoryError, match="'b' outgrew its reservation of 5"):
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, past_key_values=kv.reserve("b", 5))
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=3,
+            past_key_values=kv.reserve("b", 5),
+        )
     assert torch.equal(kv.k[:, :, :32], snapshot[:, :, :32])
     assert kv.tokens_held("a") == 6
 
 
 def test_uniform_workload_bounds():
     reqs = uniform_workload(200, seed=1, low=100, high=1024)
-    assert all(100 <= r.prompt_len <= 1024 and 100 <= r.output_len <= 1024 for r in reqs)
+    assert all(
+        100 <= r.prompt_len <= 1024 and 100 <= r.output_len <= 1024 for r in reqs
+    )

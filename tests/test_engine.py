@@ -4,15 +4,30 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from pagedkv_lab.engine import ModelRunner, SamplingParams, Sequence, run_to_completion, sample
+from pagedkv_lab.engine import (
+    ModelRunner,
+    SamplingParams,
+    Sequence,
+    run_to_completion,
+    sample,
+)
 from pagedkv_lab.models import load_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 def _synthetic(config_cls, **fields):
-    base = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=512,
-                initializer_range=0.1, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    base = dict(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        max_position_embeddings=512,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     base.update(fields)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config_cls(**base)).eval()
@@ -22,22 +37,38 @@ MODELS = {
     "tiny-llama": lambda: load_model("tiny-llama")[0],
     "tiny-qwen2": lambda: load_model("tiny-qwen2")[0],
     "tiny-mistral": lambda: load_model("tiny-mistral")[0],
-    "llama-mha-hd32": lambda: _synthetic(LlamaConfig, num_attention_heads=2, num_key_value_heads=2),
-    "llama-mqa-bias": lambda: _synthetic(LlamaConfig, num_attention_heads=4, num_key_value_heads=1, attention_bias=True),
-    "qwen2-untied-gqa2": lambda: _synthetic(Qwen2Config, num_attention_heads=4, num_key_value_heads=2,
-                                            tie_word_embeddings=False),
+    "llama-mha-hd32": lambda: _synthetic(
+        LlamaConfig, num_attention_heads=2, num_key_value_heads=2
+    ),
+    "llama-mqa-bias": lambda: _synthetic(
+        LlamaConfig, num_attention_heads=4, num_key_value_heads=1, attention_bias=True
+    ),
+    "qwen2-untied-gqa2": lambda: _synthetic(
+        Qwen2Config,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    ),
 }
 
 
 def _reference(model, prompt, n):
     ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def _prompts(lengths, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [[1] + torch.randint(3, 259, (n - 1,), generator=g).tolist() for n in lengths]
+    return [
+        [1] + torch.randint(3, 259, (n - 1,), generator=g).tolist() for n in lengths
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -47,10 +78,17 @@ def test_greedy_matches_generate_around_block_boundaries(name, block_size):
     lengths = [1, block_size - 1, block_size, block_size + 1, 2 * block_size + 3, 70]
     prompts = _prompts(lengths, seed=block_size)
     runner = ModelRunner(paged, num_blocks=256, block_size=block_size)
-    seqs = run_to_completion(runner, [Sequence(p, GREEDY, runner.new_block_table()) for p in prompts], None)
+    seqs = run_to_completion(
+        runner, [Sequence(p, GREEDY, runner.new_block_table()) for p in prompts], None
+    )
     for p, seq in zip(prompts, seqs):
-        assert seq.output_token_ids == _reference(reference, p, 12), f"prompt of {len(p)} tokens"
-        assert seq.num_computed_tokens == seq.num_tokens - 1 and seq.finish_reason == "length"
+        assert seq.output_token_ids == _reference(reference, p, 12), (
+            f"prompt of {len(p)} tokens"
+        )
+        assert (
+            seq.num_computed_tokens == seq.num_tokens - 1
+            and seq.finish_reason == "length"
+        )
 
 
 def test_many_prompts_together_and_mixed_prefill_decode():
@@ -75,26 +113,55 @@ def test_many_prompts_together_and_mixed_prefill_decode():
 def test_stop_conditions():
     model, tok = load_model("tiny-llama")
     runner = ModelRunner(model, num_blocks=64, block_size=8)
-    probe = run_to_completion(runner, [Sequence([1, 5, 6], GREEDY, runner.new_block_table())], None)[0]
+    probe = run_to_completion(
+        runner, [Sequence([1, 5, 6], GREEDY, runner.new_block_table())], None
+    )[0]
     third = probe.output_token_ids[2]
-    stop = Sequence([1, 5, 6], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[third]),
-                    runner.new_block_table())
-    eos = Sequence([1, 5, 6], SamplingParams(temperature=0, max_tokens=12), runner.new_block_table())
+    stop = Sequence(
+        [1, 5, 6],
+        SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[third]),
+        runner.new_block_table(),
+    )
+    eos = Sequence(
+        [1, 5, 6],
+        SamplingParams(temperature=0, max_tokens=12),
+        runner.new_block_table(),
+    )
     run_to_completion(runner, [stop, eos], eos_token_id=probe.output_token_ids[0])
     assert stop.output_token_ids[-1] == third and stop.finish_reason == "stop"
-    assert eos.output_token_ids == probe.output_token_ids[:1] and eos.finish_reason == "stop"
-    short = run_to_completion(runner, [Sequence([1, 5], SamplingParams(max_tokens=3, seed=1),
-                                                runner.new_block_table())], None)[0]
+    assert (
+        eos.output_token_ids == probe.output_token_ids[:1]
+        and eos.finish_reason == "stop"
+    )
+    short = run_to_completion(
+        runner,
+        [
+            Sequence(
+                [1, 5], SamplingParams(max_tokens=3, seed=1), runner.new_block_table()
+            )
+        ],
+        None,
+    )[0]
     assert len(short.output_token_ids) == 3 and short.finish_reason == "length"
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch():
     model, _ = load_model("tiny-llama")
     runner = ModelRunner(model, num_blocks=128, block_size=8)
-    params = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, max_tokens=10, seed=123)
-    alone = run_to_completion(runner, [Sequence([1, 7, 8], params, runner.new_block_table())], None)[0]
-    others = [Sequence([1, 9], SamplingParams(temperature=1.0, max_tokens=10), runner.new_block_table())
-              for _ in range(3)]
+    params = SamplingParams(
+        temperature=0.9, top_p=0.9, top_k=50, max_tokens=10, seed=123
+    )
+    alone = run_to_completion(
+        runner, [Sequence([1, 7, 8], params, runner.new_block_table())], None
+    )[0]
+    others = [
+        Sequence(
+            [1, 9],
+            SamplingParams(temperature=1.0, max_tokens=10),
+            runner.new_block_table(),
+        )
+        for _ in range(3)
+    ]
     together = Sequence([1, 7, 8], params, runner.new_block_table())
     run_to_completion(runner, [others[0], together, *others[1:]], None)
     assert together.output_token_ids == alone.output_token_ids
@@ -102,15 +169,23 @@ def test_seeded_sampling_does_not_depend_on_the_batch():
 
 def test_sampler_respects_top_k_and_top_p():
     logits = torch.tensor([[5.0, 4.0, 0.0, -1.0]])
-    for params, allowed in [(SamplingParams(top_k=2, seed=0), {0, 1}), (SamplingParams(top_p=0.5, seed=0), {0})]:
+    for params, allowed in [
+        (SamplingParams(top_k=2, seed=0), {0, 1}),
+        (SamplingParams(top_p=0.5, seed=0), {0}),
+    ]:
         seq = Sequence([1], params, None)
         assert {sample(logits, [seq])[0] for _ in range(50)} <= allowed
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=-2), "top_k"),
-    (dict(max_tokens=0), "max_tokens"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(temperature=-1), "temperature"),
+        (dict(top_p=0), "top_p"),
+        (dict(top_k=-2), "top_k"),
+        (dict(max_tokens=0), "max_tokens"),
+    ],
+)
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
@@ -124,7 +199,9 @@ def test_runner_refuses_what_it_cannot_serve():
     windowed.config.sliding_window = 64
     with pytest.raises(ValueError, match="sliding-window"):
         ModelRunner(windowed, 8, max_model_len=128)
-    gpt2 = AutoModelForCausalLM.from_config(__import__("transformers").GPT2Config(n_layer=1, n_embd=32, n_head=2))
+    gpt2 = AutoModelForCausalLM.from_config(
+        __import__("transformers").GPT2Config(n_layer=1, n_embd=32, n_head=2)
+    )
     with pytest.raises(ValueError, match="not supported"):
         ModelRunner(gpt2, 8)
     runner = ModelRunner(load_model("tiny-llama")[0], 8, block_size=4)

@@ -11,32 +11,86 @@ SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 
 
 def _solution(chapter: str):
-    spec = importlib.util.spec_from_file_location(f"solutions_{chapter}", SOLUTIONS / f"{chapter}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"solutions_{chapter}", SOLUTIONS / f"{chapter}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 CASES = [
-    ("ch00", "gqa_group", exercises.check_gqa_group, lambda cfg: cfg.num_attention_heads // cfg.num_key_value_heads),
-    ("ch01", "bytes_per_token", exercises.check_bytes_per_token,
-     lambda cfg, b: 2 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads) * b),
-    ("ch01", "max_requests", exercises.check_max_requests, lambda budget, bpt, n: budget // (bpt * n)),
-    ("ch02", "best_fit", exercises.check_best_fit, lambda gaps, n: next((s for s, g in gaps if g >= n), None)),
-    ("ch02", "external_fragmentation", exercises.check_external_fragmentation, lambda gaps, need: sum(gaps)),
+    (
+        "ch00",
+        "gqa_group",
+        exercises.check_gqa_group,
+        lambda cfg: cfg.num_attention_heads // cfg.num_key_value_heads,
+    ),
+    (
+        "ch01",
+        "bytes_per_token",
+        exercises.check_bytes_per_token,
+        lambda cfg, b: (
+            2
+            * cfg.num_hidden_layers
+            * cfg.num_attention_heads
+            * (cfg.hidden_size // cfg.num_attention_heads)
+            * b
+        ),
+    ),
+    (
+        "ch01",
+        "max_requests",
+        exercises.check_max_requests,
+        lambda budget, bpt, n: budget // (bpt * n),
+    ),
+    (
+        "ch02",
+        "best_fit",
+        exercises.check_best_fit,
+        lambda gaps, n: next((s for s, g in gaps if g >= n), None),
+    ),
+    (
+        "ch02",
+        "external_fragmentation",
+        exercises.check_external_fragmentation,
+        lambda gaps, need: sum(gaps),
+    ),
     ("ch03", "blocks_for", exercises.check_blocks_for, lambda n, bs: n // bs),
-    ("ch03", "slot_of", exercises.check_slot_of, lambda table, bs, pos: table[pos // bs] + pos % bs),
-    ("ch04", "merge_two", exercises.check_merge_two, lambda oa, la, ob, lb: (oa + ob) / 2),
+    (
+        "ch03",
+        "slot_of",
+        exercises.check_slot_of,
+        lambda table, bs, pos: table[pos // bs] + pos % bs,
+    ),
+    (
+        "ch04",
+        "merge_two",
+        exercises.check_merge_two,
+        lambda oa, la, ob, lb: (oa + ob) / 2,
+    ),
     ("ch04", "visible_keys", exercises.check_visible_keys, lambda ctx, qlen, j: j + 1),
-    ("ch05", "positions_for", exercises.check_positions_for, lambda c, n: list(range(n))),
+    (
+        "ch05",
+        "positions_for",
+        exercises.check_positions_for,
+        lambda c, n: list(range(n)),
+    ),
     ("ch05", "logits_rows", exercises.check_logits_rows, lambda q: [n - 1 for n in q]),
     ("ch06", "static_steps", exercises.check_static_steps, lambda lens, b: max(lens)),
-    ("ch06", "continuous_steps", exercises.check_continuous_steps, lambda lens, b: sum(lens) // b),
+    (
+        "ch06",
+        "continuous_steps",
+        exercises.check_continuous_steps,
+        lambda lens, b: sum(lens) // b,
+    ),
 ]
 
 
 @pytest.mark.parametrize("chapter,name,check,wrong", CASES, ids=[c[1] for c in CASES])
-def test_check_accepts_solution_and_rejects_wrong_answer(chapter, name, check, wrong, capsys):
+def test_check_accepts_solution_and_rejects_wrong_answer(
+    chapter, name, check, wrong, capsys
+):
     assert check(getattr(_solution(chapter), name)) is True
     assert check(wrong) is False
     assert "Hint:" in capsys.readouterr().out

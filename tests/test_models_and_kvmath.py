@@ -11,7 +11,13 @@ from pagedkv_lab.kvmath import (
     kv_budget,
     real_model_configs,
 )
-from pagedkv_lab.models import OFFLINE_MODELS, build_tokenizer, count_parameters, load_model, offline_config
+from pagedkv_lab.models import (
+    OFFLINE_MODELS,
+    build_tokenizer,
+    count_parameters,
+    load_model,
+    offline_config,
+)
 
 
 @pytest.mark.parametrize("name", sorted(OFFLINE_MODELS))
@@ -56,20 +62,37 @@ def test_kv_formula_matches_real_cache_tensors():
         model, _ = load_model(name)
         spec = KVSpec.from_config(model.config, dtype=torch.float32)
         ids = torch.randint(3, 259, (2, 21))
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
-                             return_dict_in_generate=True)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=5,
+            do_sample=False,
+            return_dict_in_generate=True,
+        )
         assert cache_nbytes(out.past_key_values) == 2 * spec.bytes_for(25)
 
 
 def test_real_model_numbers():
     configs = real_model_configs()
-    assert {"Llama-2-7B", "Llama-2-13B", "Llama-2-70B", "Llama-3-8B", "Mistral-7B-v0.1", "Qwen2.5-0.5B",
-            "Qwen2.5-7B"} <= set(configs)
+    assert {
+        "Llama-2-7B",
+        "Llama-2-13B",
+        "Llama-2-70B",
+        "Llama-3-8B",
+        "Mistral-7B-v0.1",
+        "Qwen2.5-0.5B",
+        "Qwen2.5-7B",
+    } <= set(configs)
     assert KVSpec.from_config(configs["Llama-2-70B"]).bytes_per_token == 320 * 1024
     assert KVSpec.from_config(configs["Llama-2-7B"]).bytes_for(4096) == 2 * 1024**3
     # computed parameter counts land on the published sizes
-    for name, billions in [("Llama-2-7B", 6.74), ("Llama-2-70B", 68.98), ("Llama-3-8B", 8.03),
-                           ("Qwen2.5-0.5B", 0.49), ("Qwen2.5-7B", 7.62)]:
+    for name, billions in [
+        ("Llama-2-7B", 6.74),
+        ("Llama-2-70B", 68.98),
+        ("Llama-3-8B", 8.03),
+        ("Qwen2.5-0.5B", 0.49),
+        ("Qwen2.5-7B", 7.62),
+    ]:
         assert round(count_parameters_from_config(configs[name]) / 1e9, 2) == billions
     assert all(c.source.startswith("https://huggingface.co/") for c in configs.values())
 
@@ -86,11 +109,16 @@ def test_budget_and_capacity():
 
 def test_device_helpers():
     assert pick_device().type in ("cpu", "cuda")
-    assert by_device(1, 2, torch.device("cpu")) == 1 and by_device(1, 2, torch.device("cuda")) == 2
+    assert (
+        by_device(1, 2, torch.device("cpu")) == 1
+        and by_device(1, 2, torch.device("cuda")) == 2
+    )
     report = device_report(torch.device("cpu"))
     assert report["device"] == "cpu" and report["torch"] == torch.__version__
     expected = "gpu" if torch.cuda.is_available() else "interpreter"
-    assert triton_mode() == expected  # tests/conftest.py sets TRITON_INTERPRET without CUDA
+    assert (
+        triton_mode() == expected
+    )  # tests/conftest.py sets TRITON_INTERPRET without CUDA
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA device"):
             pick_device("cuda")

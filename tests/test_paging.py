@@ -51,16 +51,24 @@ def test_ref_counts_free_a_block_only_when_the_last_holder_frees_it():
 def test_slots_at_block_boundaries(block_size, length):
     a = BlockAllocator(128, block_size)
     other, table = BlockTable(a), BlockTable(a)
-    for _ in range(length):  # interleave with another sequence so blocks are not contiguous
+    for _ in range(
+        length
+    ):  # interleave with another sequence so blocks are not contiguous
         other.append(1)
         table.append(1)
     assert len(table.blocks) == -(-length // block_size)
     slots = [table.slot(p) for p in range(length)]
     assert slots == slot_mapping([table], [0]).tolist()
     for p, s in enumerate(slots):
-        assert s // block_size == table.blocks[p // block_size] and s % block_size == p % block_size
+        assert (
+            s // block_size == table.blocks[p // block_size]
+            and s % block_size == p % block_size
+        )
     assert not set(slots) & set(slot_mapping([other], [0]).tolist())
-    assert slot_mapping([table, other], [length - 1, length - 1]).tolist() == [slots[-1], other.slot(length - 1)]
+    assert slot_mapping([table, other], [length - 1, length - 1]).tolist() == [
+        slots[-1],
+        other.slot(length - 1),
+    ]
     with pytest.raises(IndexError):
         table.slot(length)
 
@@ -136,8 +144,14 @@ class PagingMachine(RuleBasedStateMachine):
 TestPagingMachine = PagingMachine.TestCase
 
 
-@given(st.lists(st.tuples(st.integers(1, 200), st.integers(1, 200), st.floats(0, 30)), min_size=1, max_size=30),
-       st.sampled_from([1, 4, 16]))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 200), st.integers(1, 200), st.floats(0, 30)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from([1, 4, 16]),
+)
 def test_paged_pool_serves_everything_and_frees_all(specs, block_size):
     reqs = [Request(i, t, p, o) for i, (p, o, t) in enumerate(specs)]
     pool = PagedPool(512 // block_size, block_size)

@@ -14,20 +14,35 @@ from pagedkv_lab.scheduler import Scheduler
 
 @settings(max_examples=80, deadline=None)
 @given(
-    requests=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30)), min_size=1, max_size=25),
+    requests=st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 30)), min_size=1, max_size=25
+    ),
     block_size=st.sampled_from([1, 4, 16]),
     spare_blocks=st.integers(0, 30),
     max_num_seqs=st.integers(1, 8),
     watermark=st.sampled_from([0.0, 0.05]),
 )
-def test_scheduler_serves_everything_without_deadlock_or_leaks(requests, block_size, spare_blocks, max_num_seqs,
-                                                              watermark):
+def test_scheduler_serves_everything_without_deadlock_or_leaks(
+    requests, block_size, spare_blocks, max_num_seqs, watermark
+):
     largest = max(p + o for p, o in requests)
     alloc = BlockAllocator(-(-largest // block_size) + spare_blocks, block_size)
-    sched = Scheduler(alloc, max_model_len=10_000, eos_token_id=None, max_num_seqs=max_num_seqs,
-                      max_num_batched_tokens=largest, watermark=watermark)
-    seqs = [Sequence([1] * p, SamplingParams(temperature=0, max_tokens=o, ignore_eos=True), BlockTable(alloc))
-            for p, o in requests]
+    sched = Scheduler(
+        alloc,
+        max_model_len=10_000,
+        eos_token_id=None,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=largest,
+        watermark=watermark,
+    )
+    seqs = [
+        Sequence(
+            [1] * p,
+            SamplingParams(temperature=0, max_tokens=o, ignore_eos=True),
+            BlockTable(alloc),
+        )
+        for p, o in requests
+    ]
     for s in seqs:
         sched.add(s)
     for _ in range(10_000):
@@ -37,7 +52,10 @@ def test_scheduler_serves_everything_without_deadlock_or_leaks(requests, block_s
         assert batch, "the scheduler stalled with work left"
         assert len(sched.running) <= max_num_seqs and sum(num_new) <= largest
         owned = [b for s in sched.running for b in s.block_table.blocks]
-        assert len(owned) == len(set(owned)) and len(owned) + alloc.num_free == alloc.num_blocks
+        assert (
+            len(owned) == len(set(owned))
+            and len(owned) + alloc.num_free == alloc.num_blocks
+        )
         for s, n in zip(batch, num_new):
             assert s.block_table.num_tokens >= s.num_computed_tokens + n == s.num_tokens
             s.num_computed_tokens += n  # what the model runner would do
@@ -49,56 +67,97 @@ def test_scheduler_serves_everything_without_deadlock_or_leaks(requests, block_s
 def test_reserve_mode_admits_fewer_requests_at_once():
     def peak(reserve):
         alloc = BlockAllocator(64, 4)
-        sched = Scheduler(alloc, max_model_len=64, eos_token_id=None, reserve_tokens=64 if reserve else None,
-                          watermark=0)
+        sched = Scheduler(
+            alloc,
+            max_model_len=64,
+            eos_token_id=None,
+            reserve_tokens=64 if reserve else None,
+            watermark=0,
+        )
         for _ in range(10):
-            sched.add(Sequence([1] * 4, SamplingParams(max_tokens=4, ignore_eos=True), BlockTable(alloc)))
+            sched.add(
+                Sequence(
+                    [1] * 4,
+                    SamplingParams(max_tokens=4, ignore_eos=True),
+                    BlockTable(alloc),
+                )
+            )
         sched.schedule()
         return len(sched.running)
 
-    assert peak(False) == 10 and peak(True) == 4  # 64 blocks / 16 blocks per max-length reservation
+    assert (
+        peak(False) == 10 and peak(True) == 4
+    )  # 64 blocks / 16 blocks per max-length reservation
 
 
 def test_hundreds_of_requests_through_a_small_pool_match_generate_alone():
     g = torch.Generator().manual_seed(11)
     n = 220
-    prompts = [[1] + torch.randint(3, 259, (int(k),), generator=g).tolist() for k in torch.randint(1, 70, (n,), generator=g)]
+    prompts = [
+        [1] + torch.randint(3, 259, (int(k),), generator=g).tolist()
+        for k in torch.randint(1, 70, (n,), generator=g)
+    ]
     max_tokens = torch.randint(1, 40, (n,), generator=g).tolist()
-    llm = LLM("tiny-qwen2", block_size=8, kv_cache_memory=40 * 8 * 256)  # 40 blocks of 8 tokens, 256 bytes/token
+    llm = LLM(
+        "tiny-qwen2", block_size=8, kv_cache_memory=40 * 8 * 256
+    )  # 40 blocks of 8 tokens, 256 bytes/token
     assert llm.stats.num_blocks == 40
-    outs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens],
-                        use_tqdm=False)
+    outs = llm.generate(
+        prompts,
+        [
+            SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)
+            for m in max_tokens
+        ],
+        use_tqdm=False,
+    )
     assert llm.stats.preemptions > 0
     reference, _ = load_model("tiny-qwen2")
     for p, m, out in zip(prompts, max_tokens, outs):
         ids = torch.tensor([p])
-        alone = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=m, do_sample=False,
-                                   eos_token_id=None)[0, len(p):].tolist()
+        alone = reference.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=m,
+            do_sample=False,
+            eos_token_id=None,
+        )[0, len(p) :].tolist()
         assert out.token_ids == alone and out.prompt_token_ids == p
     assert llm.runner.allocator.num_free == 40
 
 
 def test_generate_api_outputs_metrics_and_progress_bar():
     llm = LLM("tiny-llama", kv_cache_memory=2**20)
-    outs = llm.generate(["first prompt", "second, longer prompt"], SamplingParams(temperature=0, max_tokens=5),
-                        use_tqdm=True)
+    outs = llm.generate(
+        ["first prompt", "second, longer prompt"],
+        SamplingParams(temperature=0, max_tokens=5),
+        use_tqdm=True,
+    )
     assert [o.prompt for o in outs] == ["first prompt", "second, longer prompt"]
     for o in outs:
         assert o.finish_reason in ("length", "stop") and 1 <= len(o.token_ids) <= 5
         assert o.text == llm.tokenizer.decode(o.token_ids, skip_special_tokens=True)
         m = o.metrics
-        assert 0 <= m.time_to_first_token <= m.e2e_latency and m.time_per_output_token >= 0
-    single = llm.generate([1, 40, 41], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+        assert (
+            0 <= m.time_to_first_token <= m.e2e_latency and m.time_per_output_token >= 0
+        )
+    single = llm.generate(
+        [1, 40, 41], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False
+    )
     assert len(single) == 1 and single[0].prompt is None
     s = llm.stats
     assert s.steps > 0 and s.peak_running >= 2 and 0 < s.mean_utilization <= 1
 
 
 def test_bad_requests_fail_at_the_door_and_disturb_nothing():
-    llm = LLM("tiny-llama", kv_cache_memory=2**18, max_model_len=1024)  # 512 tokens of KV
+    llm = LLM(
+        "tiny-llama", kv_cache_memory=2**18, max_model_len=1024
+    )  # 512 tokens of KV
     good = llm.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=4))
     for prompt, params, message in [
-        ("", None, "empty"), ([], None, "empty"), ([1] * 1024, None, "no room"), ([1, 400], None, "token ids"),
+        ("", None, "empty"),
+        ([], None, "empty"),
+        ([1] * 1024, None, "no room"),
+        ([1, 400], None, "token ids"),
         ([1, 2], SamplingParams(max_tokens=900), "whole pool holds 512"),
     ]:
         with pytest.raises(ValueError, match=message):
@@ -127,10 +186,21 @@ def test_a_saved_checkpoint_loads_by_path_like_a_hub_model(tmp_path):
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     llm = LLM(str(tmp_path), kv_cache_memory=2**20)
-    assert llm.model.config.model_type == "qwen2" and llm.tokenizer.eos_token_id == tok.eos_token_id
-    out = llm.generate(["checkpoint on disk"], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
-                       use_tqdm=False)[0]
+    assert (
+        llm.model.config.model_type == "qwen2"
+        and llm.tokenizer.eos_token_id == tok.eos_token_id
+    )
+    out = llm.generate(
+        ["checkpoint on disk"],
+        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     ids = torch.tensor([out.prompt_token_ids])
-    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-                              eos_token_id=None)[0, ids.shape[1]:].tolist()
+    expected = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=6,
+        do_sample=False,
+        eos_token_id=None,
+    )[0, ids.shape[1] :].tolist()
     assert out.token_ids == expected

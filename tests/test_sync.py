@@ -16,7 +16,9 @@ def test_every_chapter_exports_a_module():
 
 @pytest.fixture(scope="module")
 def fresh_export(tmp_path_factory):
-    lib = tmp_path_factory.mktemp("export") / "pagedkv_lab"  # nbdev makes imports relative to the package name
+    lib = (
+        tmp_path_factory.mktemp("export") / "pagedkv_lab"
+    )  # nbdev makes imports relative to the package name
     export_all(lib=lib)
     return lib
 
@@ -48,12 +50,21 @@ CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 def test_chapter_shape(nb_path):
     cells = _cells(nb_path)
     setup = "".join(cells[0]["source"])
-    assert cells[0]["cell_type"] == "code" and "from pagedkv_lab.notebook import setup" in setup
-    assert cells[1]["cell_type"] == "markdown" and "".join(cells[1]["source"]).startswith("# ")
-    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert (
+        cells[0]["cell_type"] == "code"
+        and "from pagedkv_lab.notebook import setup" in setup
+    )
+    assert cells[1]["cell_type"] == "markdown" and "".join(
+        cells[1]["source"]
+    ).startswith("# ")
+    text = "\n".join(
+        "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
+    )
     assert "## Summary" in text and "## Exercises" in text
     code = [c for c in cells if c["cell_type"] == "code"]
-    assert all(c["execution_count"] is not None for c in code), "execute the notebook before committing"
+    assert all(c["execution_count"] is not None for c in code), (
+        "execute the notebook before committing"
+    )
     assert not any(o["output_type"] == "error" for c in code for o in c["outputs"])
 
 
@@ -70,7 +81,9 @@ def test_colab_install_url_is_the_books_repository():
     url = re.search(r"^\s+url:\s*(\S+)", config, re.M).group(1)
     for nb_path in CHAPTERS:
         setup = "".join(_cells(nb_path)[0]["source"])
-        assert f"git+{url}" in setup, f"{nb_path.name} installs from another repository than _config.yml names"
+        assert f"git+{url}" in setup, (
+            f"{nb_path.name} installs from another repository than _config.yml names"
+        )
 
 
 def test_every_chapter_is_in_the_toc():

@@ -2,7 +2,12 @@ import numpy as np
 import pytest
 
 from pagedkv_lab.widgets import contiguous_trace_frames
-from pagedkv_lab.workloads import SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT, chat_workload, uniform_workload
+from pagedkv_lab.workloads import (
+    SHAREGPT_MEAN_OUTPUT,
+    SHAREGPT_MEAN_PROMPT,
+    chat_workload,
+    uniform_workload,
+)
 
 
 def test_chat_workload_matches_its_published_means_and_limits():
@@ -11,17 +16,32 @@ def test_chat_workload_matches_its_published_means_and_limits():
     outputs = np.array([r.output_len for r in reqs])
     assert abs(prompts.mean() / SHAREGPT_MEAN_PROMPT - 1) < 0.15
     assert abs(outputs.mean() / SHAREGPT_MEAN_OUTPUT - 1) < 0.1
-    assert max(r.total_len for r in reqs) <= 2048 and min(prompts.min(), outputs.min()) >= 1
+    assert (
+        max(r.total_len for r in reqs) <= 2048
+        and min(prompts.min(), outputs.min()) >= 1
+    )
     assert np.median(outputs) < outputs.mean()  # heavy right tail
 
 
 def test_workloads_are_seeded_and_arrivals_increase():
     a = chat_workload(50, seed=7, arrival_rate=0.3)
-    assert a == chat_workload(50, seed=7, arrival_rate=0.3) and a != chat_workload(50, seed=8, arrival_rate=0.3)
+    assert a == chat_workload(50, seed=7, arrival_rate=0.3) and a != chat_workload(
+        50, seed=8, arrival_rate=0.3
+    )
     times = [r.arrival for r in a]
     assert times == sorted(times) and times[0] > 0
     assert all(r.arrival == 0 for r in uniform_workload(10, seed=0))
-    assert abs(np.mean(np.diff([r.arrival for r in chat_workload(3000, seed=1, arrival_rate=0.5)])) - 2) < 0.2
+    assert (
+        abs(
+            np.mean(
+                np.diff(
+                    [r.arrival for r in chat_workload(3000, seed=1, arrival_rate=0.5)]
+                )
+            )
+            - 2
+        )
+        < 0.2
+    )
 
 
 def test_bad_workload_arguments():
@@ -34,7 +54,9 @@ def test_bad_workload_arguments():
 
 
 def test_viewer_frames_cover_the_pool_and_follow_the_simulation():
-    capacity, frames = contiguous_trace_frames(4, 1024, 0.5, "oracle", num_requests=40, every=25)
+    capacity, frames = contiguous_trace_frames(
+        4, 1024, 0.5, "oracle", num_requests=40, every=25
+    )
     assert capacity == 4 * 1024 and len(frames) > 3
     for _step, segments, stats in frames:
         assert sum(n for _, n, _ in segments) == capacity
