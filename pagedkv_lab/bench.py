@@ -380,6 +380,21 @@ def _run_hf_continuous(
     ), outputs
 
 
+def _kv_spec(model_name: str):
+    """KV bytes per token of the model as `load_model` will load it (offline models in fp32)."""
+    from transformers import AutoConfig
+
+    from .kvmath import KVSpec
+    from .models import OFFLINE_MODELS, offline_config
+
+    if model_name in OFFLINE_MODELS:
+        return KVSpec.from_config(offline_config(model_name), torch.float32)
+    config = AutoConfig.from_pretrained(model_name)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
+    return KVSpec.from_config(config, dtype)
+
+
 def serve_benchmark(
     model_name: str = "small-llama",
     requests=None,
@@ -397,20 +412,13 @@ def serve_benchmark(
     with max-length reservation can run at once.
     """
     from .device import pick_device
-    from .kvmath import KVSpec
-    from .models import offline_config
 
     device = device or pick_device()
     requests = (
         requests if requests is not None else scaled_chat_trace(64, max_model_len)
     )
     prompts = _prompt_ids(requests)
-    spec = KVSpec.from_config(
-        offline_config(model_name)
-        if not hasattr(model_name, "config")
-        else model_name.config,
-        torch.float32 if device.type == "cpu" else torch.float16,
-    )
+    spec = _kv_spec(model_name)
     budget_tokens = budget_requests * max_model_len
     rows, outputs = [], {}
     for system in systems:
