@@ -112,9 +112,9 @@ def test_torch_decode_and_prefill_match_float64(shape, seed, share):
     starts = torch.cat([torch.zeros(1, dtype=torch.long), qlens.cumsum(0)])
     qp = torch.randn(int(starts[-1]), heads, head_dim, generator=g)
     ref_p = reference_paged_attention(qp, k, v, tables, lens, starts)
-    assert (
-        paged_prefill_torch(qp, k, v, tables, lens, starts).double() - ref_p
-    ).abs().max() < 2e-5
+    out_p = paged_prefill_torch(qp, k, v, tables, lens, starts)
+    assert out_p.shape == qp.shape  # sequences with no new queries contribute no rows
+    torch.testing.assert_close(out_p.double(), ref_p, atol=2e-5, rtol=0)
 
 
 def test_prefill_of_a_whole_prompt_equals_causal_sdpa():
