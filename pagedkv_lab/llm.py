@@ -127,11 +127,12 @@ class LLM:
         self.runner = ModelRunner(
             self.model, num_blocks, block_size, self.max_model_len
         )
-        batched = max_num_batched_tokens or max(4096, self.max_model_len)
-        if batched < self.max_model_len:
+        batched = max_num_batched_tokens
+        if batched is None:
+            batched = max(4096, self.max_model_len)
+        if batched < 1:
             raise ValueError(
-                f"max_num_batched_tokens={batched} must be >= max_model_len={self.max_model_len}: "
-                "a prompt is prefilled in one step"
+                f"max_num_batched_tokens must be at least 1, got {batched}"
             )
         self.scheduler = Scheduler(
             self.runner.allocator,
@@ -187,15 +188,17 @@ class LLM:
         """Run one iteration: schedule, one forward pass, sample, postprocess. Returns requests that finished."""
         seqs, num_new = self.scheduler.schedule()
         if not seqs:
-            if (
-                self.scheduler.has_unfinished
-            ):  # admission checks make this unreachable; never spin silently
+            # Admission checks make this unreachable: never spin silently.
+            if self.scheduler.has_unfinished:
                 raise RuntimeError(
-                    "no waiting request could be scheduled although the engine is idle"
+                    "nothing could be scheduled although the engine is idle"
                 )
             return []
-        tokens = sample(self.runner.run(seqs, num_new), seqs)
-        finished = self.scheduler.postprocess(seqs, tokens)
+        logits = self.runner.run(seqs, num_new)
+        # A sequence whose prompt is still being prefilled in chunks samples nothing yet.
+        ready = [i for i, s in enumerate(seqs) if s.num_computed_tokens == s.num_tokens]
+        seqs = [seqs[i] for i in ready]
+        finished = self.scheduler.postprocess(seqs, sample(logits[ready], seqs))
         now = self._now()
         for seq in seqs:
             metrics = self._requests[seq.seq_id][2]

@@ -13,12 +13,13 @@ from .paging import BlockAllocator
 class Scheduler:
     """Waiting and running queues over a block allocator, decided anew at every step.
 
-    Each step every running sequence decodes one token, getting a new block when
-    its last one is full; if none is free, the most recently admitted sequence is
-    preempted (its blocks are freed and it will recompute its K/V when it runs
-    again). Then waiting sequences are admitted first-come-first-served while
-    blocks for their tokens are free, the batch has room (``max_num_seqs``) and
-    the step's token budget (``max_num_batched_tokens``) allows.
+    Each step every running sequence computes its next tokens (one when decoding),
+    getting a new block when its last one is full; if none is free, the most
+    recently admitted sequence is preempted (its blocks are freed and it will
+    recompute its K/V when it runs again). Then waiting sequences are admitted
+    first-come-first-served while blocks for their tokens are free, the batch has
+    room (``max_num_seqs``) and the step's token budget (``max_num_batched_tokens``)
+    is not spent; a prompt larger than the budget left is prefilled in chunks.
     """
 
     def __init__(
@@ -50,8 +51,8 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _blocks_to_admit(self, seq: Sequence) -> int:
-        tokens = max(seq.num_tokens, self.reserve_tokens or 0)
+    def _blocks_to_admit(self, seq: Sequence, num_new: int) -> int:
+        tokens = max(seq.num_computed_tokens + num_new, self.reserve_tokens or 0)
         return seq.block_table.blocks_needed(tokens - seq.block_table.num_tokens)
 
     def preempt(self, seq: Sequence) -> None:
@@ -63,36 +64,47 @@ class Scheduler:
         self.num_preemptions += 1
 
     def schedule(self) -> tuple[list[Sequence], list[int]]:
-        """Pick this step's sequences and how many new tokens each computes; grow their block tables."""
+        """Pick this step's sequences and how many new tokens each computes; grow their tables.
+
+        A sequence computes all the tokens it has not computed yet, within what is left of
+        the step's token budget: a prompt longer than that is prefilled in chunks over
+        several steps (chunked prefill), and only the step that completes it samples.
+        """
         scheduled: list[Sequence] = []
+        num_new: list[int] = []
+        budget = self.max_num_batched_tokens
         for seq in list(self.running):  # oldest first
-            if seq not in self.running:  # preempted while making room for an older one
+            if seq not in self.running or budget == 0:  # preempted, or no budget left
                 continue
-            while not seq.block_table.can_append(1):
-                victim = self.running[-1]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            grow = seq.num_computed_tokens + n - seq.block_table.num_tokens
+            while not seq.block_table.can_append(grow):
+                victim = self.running[-1]  # the newest running sequence
                 self.preempt(victim)
                 if victim is seq:
                     break
             if seq in self.running:
-                seq.block_table.append(1)
+                seq.block_table.append(grow)
                 scheduled.append(seq)
-        budget = self.max_num_batched_tokens - len(scheduled)
-        while self.waiting and len(self.running) < self.max_num_seqs:
+                num_new.append(n)
+                budget -= n
+        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
-            new_tokens = seq.num_tokens - seq.num_computed_tokens
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             reserve = self.watermark_blocks if self.running else 0
-            if new_tokens > budget or not self.allocator.can_allocate(
-                self._blocks_to_admit(seq) + reserve
-            ):
+            if not self.allocator.can_allocate(self._blocks_to_admit(seq, n) + reserve):
                 break
             self.waiting.popleft()
             if self.reserve_tokens:
                 seq.block_table.reserve(self.reserve_tokens)
-            seq.block_table.append(seq.num_tokens - seq.block_table.num_tokens)
+            seq.block_table.append(
+                seq.num_computed_tokens + n - seq.block_table.num_tokens
+            )
             self.running.append(seq)
             scheduled.append(seq)
-            budget -= new_tokens
-        return scheduled, [s.num_tokens - s.num_computed_tokens for s in scheduled]
+            num_new.append(n)
+            budget -= n
+        return scheduled, num_new
 
     def postprocess(self, seqs: list[Sequence], tokens: list[int]) -> list[Sequence]:
         """Append each sequence's new token; free the blocks of those that finished and return them."""

@@ -21,9 +21,10 @@ from pagedkv_lab.scheduler import Scheduler
     spare_blocks=st.integers(0, 30),
     max_num_seqs=st.integers(1, 8),
     watermark=st.sampled_from([0.0, 0.05]),
+    budget=st.integers(1, 80),
 )
 def test_scheduler_serves_everything_without_deadlock_or_leaks(
-    requests, block_size, spare_blocks, max_num_seqs, watermark
+    requests, block_size, spare_blocks, max_num_seqs, watermark, budget
 ):
     largest = max(p + o for p, o in requests)
     alloc = BlockAllocator(-(-largest // block_size) + spare_blocks, block_size)
@@ -32,7 +33,7 @@ def test_scheduler_serves_everything_without_deadlock_or_leaks(
         max_model_len=10_000,
         eos_token_id=None,
         max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=largest,
+        max_num_batched_tokens=budget,
         watermark=watermark,
     )
     seqs = [
@@ -45,21 +46,21 @@ def test_scheduler_serves_everything_without_deadlock_or_leaks(
     ]
     for s in seqs:
         sched.add(s)
-    for _ in range(10_000):
+    for _ in range(20_000):
         if not sched.has_unfinished:
             break
         batch, num_new = sched.schedule()
         assert batch, "the scheduler stalled with work left"
-        assert len(sched.running) <= max_num_seqs and sum(num_new) <= largest
+        assert len(sched.running) <= max_num_seqs and sum(num_new) <= budget
         owned = [b for s in sched.running for b in s.block_table.blocks]
-        assert (
-            len(owned) == len(set(owned))
-            and len(owned) + alloc.num_free == alloc.num_blocks
-        )
+        assert len(owned) == len(set(owned))
+        assert len(owned) + alloc.num_free == alloc.num_blocks
         for s, n in zip(batch, num_new):
-            assert s.block_table.num_tokens >= s.num_computed_tokens + n == s.num_tokens
+            assert n >= 1 and s.num_computed_tokens + n <= s.num_tokens
+            assert s.block_table.num_tokens >= s.num_computed_tokens + n
             s.num_computed_tokens += n  # what the model runner would do
-        sched.postprocess(batch, [5] * len(batch))
+        ready = [s for s in batch if s.num_computed_tokens == s.num_tokens]
+        sched.postprocess(ready, [5] * len(ready))
     assert not sched.has_unfinished and alloc.num_free == alloc.num_blocks
     assert all(len(s.output_token_ids) == o for s, (_, o) in zip(seqs, requests))
 
@@ -177,7 +178,36 @@ def test_llm_configuration_errors():
         with pytest.raises(ValueError, match="needs a CUDA device"):
             LLM("tiny-llama", kv_cache_memory=0.5)
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        LLM("tiny-llama", max_num_batched_tokens=100)
+        LLM("tiny-llama", max_num_batched_tokens=0)
+
+
+def test_chunked_prefill_matches_generate():
+    """A step budget smaller than the prompts: prompts are prefilled in chunks."""
+    g = torch.Generator().manual_seed(4)
+    prompts = [
+        [1] + torch.randint(3, 259, (int(n),), generator=g).tolist()
+        for n in (3, 17, 40, 61)
+    ]
+    llm = LLM(
+        "tiny-llama", block_size=8, kv_cache_memory=2**20, max_num_batched_tokens=7
+    )
+    outs = llm.generate(
+        prompts,
+        SamplingParams(temperature=0, max_tokens=9, ignore_eos=True),
+        use_tqdm=False,
+    )
+    reference, _ = load_model("tiny-llama")
+    for p, out in zip(prompts, outs):
+        ids = torch.tensor([p])
+        alone = reference.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=9,
+            do_sample=False,
+            eos_token_id=None,
+        )[0, len(p) :].tolist()
+        assert out.token_ids == alone
+    assert llm.stats.steps > 61 // 7  # the longest prompt alone needs several steps
 
 
 def test_a_saved_checkpoint_loads_by_path_like_a_hub_model(tmp_path):
