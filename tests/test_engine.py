@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from reference import greedy_alone
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
 
 from pagedkv_lab.engine import (
     ModelRunner,
@@ -53,15 +54,7 @@ MODELS = {
 
 
 def _reference(model, prompt, n):
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-    )
-    return out[0, len(prompt) :].tolist()
+    return greedy_alone(model, prompt, n)
 
 
 def _prompts(lengths, seed=0):
@@ -199,9 +192,7 @@ def test_runner_refuses_what_it_cannot_serve():
     windowed.config.sliding_window = 64
     with pytest.raises(ValueError, match="sliding-window"):
         ModelRunner(windowed, 8, max_model_len=128)
-    gpt2 = AutoModelForCausalLM.from_config(
-        __import__("transformers").GPT2Config(n_layer=1, n_embd=32, n_head=2)
-    )
+    gpt2 = AutoModelForCausalLM.from_config(GPT2Config(n_layer=1, n_embd=32, n_head=2))
     with pytest.raises(ValueError, match="not supported"):
         ModelRunner(gpt2, 8)
     runner = ModelRunner(load_model("tiny-llama")[0], 8, block_size=4)

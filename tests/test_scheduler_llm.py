@@ -4,6 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference import greedy_alone
 
 from pagedkv_lab.engine import SamplingParams, Sequence
 from pagedkv_lab.llm import LLM
@@ -114,15 +115,8 @@ def test_hundreds_of_requests_through_a_small_pool_match_generate_alone():
     assert llm.stats.preemptions > 0
     reference, _ = load_model("tiny-qwen2")
     for p, m, out in zip(prompts, max_tokens, outs):
-        ids = torch.tensor([p])
-        alone = reference.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=m,
-            do_sample=False,
-            eos_token_id=None,
-        )[0, len(p) :].tolist()
-        assert out.token_ids == alone and out.prompt_token_ids == p
+        assert out.token_ids == greedy_alone(reference, p, m)
+        assert out.prompt_token_ids == p
     assert llm.runner.allocator.num_free == 40
 
 
@@ -198,15 +192,7 @@ def test_chunked_prefill_matches_generate():
     )
     reference, _ = load_model("tiny-llama")
     for p, out in zip(prompts, outs):
-        ids = torch.tensor([p])
-        alone = reference.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=9,
-            do_sample=False,
-            eos_token_id=None,
-        )[0, len(p) :].tolist()
-        assert out.token_ids == alone
+        assert out.token_ids == greedy_alone(reference, p, 9)
     assert llm.stats.steps > 61 // 7  # the longest prompt alone needs several steps
 
 
@@ -225,12 +211,4 @@ def test_a_saved_checkpoint_loads_by_path_like_a_hub_model(tmp_path):
         SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
         use_tqdm=False,
     )[0]
-    ids = torch.tensor([out.prompt_token_ids])
-    expected = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=6,
-        do_sample=False,
-        eos_token_id=None,
-    )[0, ids.shape[1] :].tolist()
-    assert out.token_ids == expected
+    assert out.token_ids == greedy_alone(model, out.prompt_token_ids, 6)
