@@ -11,6 +11,7 @@ import torch
 from transformers import Cache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
+from .kvmath import head_dim_of
 from .workloads import Request
 
 
@@ -286,15 +287,11 @@ class ContiguousKVCache:
         device: torch.device | str = "cpu",
         fit: str = "first",
     ):
-        head_dim = (
-            getattr(config, "head_dim", None)
-            or config.hidden_size // config.num_attention_heads
-        )
         shape = (
             config.num_hidden_layers,
             config.num_key_value_heads,
             num_slots,
-            head_dim,
+            head_dim_of(config),
         )
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
