@@ -21,8 +21,7 @@ class BlockManager:
     here and handed to the model runner by `take_copies`.
 
     Chapter 08 subclasses it to keep freed blocks as a prefix cache, through
-    the hooks `num_cached_tokens`, `cache_blocks`, `_take_block` and
-    `_drop_block`.
+    the hooks `num_cached_tokens`, `cache_blocks` and `_free_order`.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
@@ -150,16 +149,44 @@ class BlockManager:
             self.allocator.incref(block)
         child.block_table = table
 
+    def _free_order(self, blocks: list[int]):
+        """The order a sequence's blocks are released in: last block first."""
+        return reversed(blocks)
+
     def free(self, seq: Sequence) -> None:
-        """Drop ``seq``'s references, last block first; a block is free at zero."""
+        """Drop ``seq``'s references; a block is free when none is left."""
         if seq.block_table is None:
             return
-        for block in reversed(seq.block_table.blocks):
+        for block in self._free_order(seq.block_table.blocks):
             self._drop_block(block)
         seq.block_table = None
         # A pending copy into a block that is free again must not run.
         for dst in [d for d in self._copies if self.ref_counts[d] == 0]:
             del self._copies[dst]
+
+    def content_source(self, block: int) -> int:
+        """The block holding what ``block`` will hold once this step's copies ran."""
+        return self._copies.get(block, block)
+
+    def allocate_tables(
+        self, seqs: list[Sequence], layouts: list[list[int]], num_tokens: list[int]
+    ) -> dict[int, int]:
+        """Give each of ``seqs`` a new table shaped like ``layouts[i]``, entries
+        equal across layouts sharing one new block (chapter 09 brings swapped
+        sequences back this way). Returns layout entry -> new block."""
+        new: dict[int, int] = {}
+        for seq, layout, n in zip(seqs, layouts, num_tokens):
+            assert seq.block_table is None, f"sequence {seq.seq_id} already has blocks"
+            table = BlockTable(self.allocator)
+            for old in layout:
+                if old in new:
+                    self.allocator.incref(new[old])
+                else:
+                    new[old] = self._take_block()
+                table.blocks.append(new[old])
+            table.num_tokens = n
+            seq.block_table = table
+        return new
 
     def take_copies(self) -> list[tuple[int, int]]:
         """This step's ``(src, dst)`` block copies, for the model runner; clears them."""

@@ -246,5 +246,13 @@ class BeamSearchGroup(ForkingGroup):
         self.seqs = [b for b, _, _ in beams] or list(seqs)
 
     def results(self) -> list[tuple[list[int], float, str, float]]:
-        """Finished hypotheses, best first: (tokens, cum_logprob, reason, score)."""
-        return [(t, cum, reason, score) for score, t, cum, reason in self.finished]
+        """Finished hypotheses, best first: (tokens, cum_logprob, reason, score).
+
+        A search cut short (abort, error) also returns its running beams.
+        """
+        done = [(t, cum, reason, score) for score, t, cum, reason in self.finished]
+        cut = [s for s in self.seqs if s.finish_reason in ("abort", "error")]
+        return done + [
+            (s.output_token_ids, s.cumulative_logprob, s.finish_reason, None)
+            for s in cut
+        ]

@@ -14,7 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .block_manager import BlockManager
-from .engine import ModelRunner, PagedKVCache, SamplingParams, Sequence
+from .engine import ModelRunner, PagedKVCache, SamplingParams, Sequence, _check_int
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
 
 
@@ -156,6 +156,12 @@ class LLM:
     fraction of the memory free after loading the model (float); by default 0.9
     of free GPU memory, or 256 MiB on a CPU. ``max_model_len`` defaults to the
     model's positions, or what the pool holds if that is less.
+    ``enable_prefix_caching`` keeps freed blocks as a cache that later requests
+    with the same prefix reuse (chapter 08). When memory runs out a running
+    request is preempted (``victim``: ``"newest"`` or ``"longest-output"``) and
+    later recomputes its K/V, or with ``preemption_mode="swap"`` its blocks go
+    to ``swap_space`` bytes of CPU memory and come back (chapter 09).
+    ``watermark`` is the share of blocks kept free when admitting a request.
     """
 
     def __init__(
@@ -171,9 +177,12 @@ class LLM:
         dtype: torch.dtype | None = None,
         seed: int = 0,
         reserve_max_len: bool = False,
+        enable_prefix_caching: bool = False,
+        watermark: float = 0.01,
+        preemption_mode: str = "recompute",
+        swap_space: int = 0,
+        victim: str = "newest",
     ):
-        from .engine import _check_int
-
         _check_int("block_size", block_size, 1)
         _check_int("max_num_seqs", max_num_seqs, 1)
         _check_int("max_model_len", max_model_len, 1, none_ok=True)
@@ -194,14 +203,34 @@ class LLM:
             )
         self.max_model_len = max_model_len
         self.runner = ModelRunner(self.model, num_blocks, block_size, max_model_len)
-        self.block_manager = BlockManager(num_blocks, block_size)
-        self.scheduler = Scheduler(
-            self.block_manager,
+        if enable_prefix_caching:
+            from .prefix_cache import PrefixCachingBlockManager
+
+            self.block_manager = PrefixCachingBlockManager(num_blocks, block_size)
+        else:
+            self.block_manager = BlockManager(num_blocks, block_size)
+        settings = dict(
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens or max(4096, max_model_len),
             reserve_tokens=max_model_len if reserve_max_len else 0,
+            watermark=watermark,
         )
+        self.swap_space = None
+        if not isinstance(watermark, (int, float)) or not 0 <= watermark < 1:
+            raise ValueError(
+                f"watermark must be a fraction in [0, 1), got {watermark!r}"
+            )
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(
+                f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}"
+            )
+        if preemption_mode == "recompute" and victim == "newest" and not swap_space:
+            self.scheduler = Scheduler(self.block_manager, **settings)
+        else:
+            self.scheduler = self._preemption_scheduler(
+                preemption_mode, swap_space, victim, settings
+            )
         eos = config.eos_token_id if self.tokenizer is None else None
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else eos
         self.eos_token_ids = frozenset([eos] if _is_token_id(eos) else (eos or []))
@@ -210,6 +239,20 @@ class LLM:
         self._unclaimed: list[RequestOutput] = []
         self._request_ids = itertools.count()
         self._t0 = time.perf_counter()
+
+    def _preemption_scheduler(self, mode, swap_space, victim, settings):
+        """Chapter 09's scheduler: a victim policy, and swapping to CPU memory."""
+        from .preemption import PreemptionScheduler, SwapSpace
+
+        if mode == "swap":
+            _check_int("swap_space", swap_space, 1)
+            per_block = self.runner.kv_cache.nbytes // self.runner.kv_cache.num_blocks
+            self.swap_space = SwapSpace(self.runner.kv_cache, swap_space // per_block)
+        elif swap_space:
+            raise ValueError("swap_space is only used with preemption_mode='swap'")
+        return PreemptionScheduler(
+            self.block_manager, swap_space=self.swap_space, victim=victim, **settings
+        )
 
     @staticmethod
     def _load(model, device, dtype, seed):
@@ -415,6 +458,10 @@ class LLM:
             if self.scheduler.has_unfinished:
                 raise RuntimeError("nothing could be scheduled although work is left")
             return outputs
+        # Swap-outs read their blocks before anything can overwrite them.
+        if self.swap_space is not None:
+            self.swap_space.copy_out(self.runner.kv_cache, plan.swap_out)
+            self.swap_space.copy_in(self.runner.kv_cache, plan.swap_in)
         self.runner.kv_cache.copy_blocks(plan.block_copies)
         rows = self._forward(plan, outputs)
         # A sequence samples when this step computes its last token; a chunk
@@ -485,7 +532,7 @@ class LLM:
         _, prompt, metrics = self._requests.pop(group.request_id)
         results = group.results()
         metrics.finish_time = now
-        metrics.num_output_tokens = max(len(r[0]) for r in results)
+        metrics.num_output_tokens = max((len(r[0]) for r in results), default=0)
         outputs = [
             CompletionOutput(i, self._decode(tokens), tokens, cum, reason, score)
             for i, (tokens, cum, reason, score) in enumerate(results)

@@ -84,12 +84,15 @@ class SequenceGroup:
 @dataclass
 class SchedulerOutput:
     """One step's plan: which sequences compute how many new tokens, and the
-    block copies (copy-on-write, chapter 07) to make before the forward pass."""
+    block copies to make before the forward pass (copy-on-write, chapter 07;
+    swapping to and from CPU memory, chapter 09)."""
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     groups: list[SequenceGroup] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     def add(self, seq: Sequence, num_new_tokens: int, group: SequenceGroup) -> None:
         self.seqs.append(seq)
@@ -131,6 +134,9 @@ class Scheduler:
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.num_preemptions = 0
+        # Tokens whose K/V preemption threw away (an upper bound on what
+        # recomputing costs: prefix caching may keep some of them).
+        self.num_recomputed_tokens = 0
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
@@ -149,11 +155,12 @@ class Scheduler:
         Its sequences keep their tokens; their K/V will be recomputed.
         """
         self.running.remove(group)
+        self.num_preemptions += 1
         for seq in group.seqs:
+            self.num_recomputed_tokens += seq.num_computed_tokens
             self.block_manager.free(seq)
             seq.num_computed_tokens = 0
         self.waiting.appendleft(group)
-        self.num_preemptions += 1
 
     def remove(self, group: SequenceGroup) -> None:
         """Take ``group`` out of the queues and free its blocks (abort, error)."""
@@ -168,8 +175,22 @@ class Scheduler:
         """Decide this step: grow running requests (preempting if needed), admit
         waiting ones, and return who computes how many tokens."""
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        self._schedule_waiting(out, budget)
+        out.block_copies = self.block_manager.take_copies()
+        return out
+
+    def _order_running(self) -> None:
+        """Order the running requests so that the last is the one to preempt
+        first: here arrival order, so the newest gives way (vLLM's choice: first
+        come, first served, and the newest has least to recompute)."""
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Give running requests, in order, slots for their next tokens; when
+        blocks run out, preempt from the end of the queue, which this step
+        has not scheduled yet."""
         bm = self.block_manager
+        self._order_running()
         for group in list(self.running):
             if group not in self.running or budget == 0:
                 continue
@@ -184,6 +205,11 @@ class Scheduler:
                     bm.append_slots(seq, n)
                     out.add(seq, n, group)
                     budget -= n
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting requests in arrival order while they fit."""
+        bm = self.block_manager
         while self.waiting and budget > 0:
             group = self.waiting[0]
             if self.num_running_seqs + group.max_running_seqs > self.max_num_seqs:
@@ -199,8 +225,7 @@ class Scheduler:
             self.running.append(group)
             out.add(seq, n, group)
             budget -= n
-        out.block_copies = bm.take_copies()
-        return out
+        return budget
 
     def free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences; return the requests now done."""
