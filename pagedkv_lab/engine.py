@@ -129,6 +129,9 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.sample_index = sample_index
         self.generator = make_generator(params.seed, sample_index)
+        # Anything besides the tokens that changes K/V, for prefix caching's
+        # keys (chapter 08): requests with different salts never share blocks.
+        self.cache_salt: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -176,6 +179,7 @@ class Sequence:
         child.num_prompt_tokens = self.num_prompt_tokens
         child.num_computed_tokens = self.num_computed_tokens
         child.cumulative_logprob = self.cumulative_logprob
+        child.cache_salt = self.cache_salt
         if sample_index is not None:
             child.sample_index = sample_index
             child.generator = make_generator(self.params.seed, sample_index)

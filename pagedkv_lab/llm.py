@@ -381,18 +381,24 @@ class LLM:
         return group.request_id
 
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        cache_salt: str | None = None,
     ) -> int:
         """Queue one request and return its id; outputs come from `step`.
 
         Bad input raises ValueError here and disturbs nothing in flight.
+        Requests with different ``cache_salt`` never share cached blocks.
         """
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"expected SamplingParams, got {params!r}")
         token_ids, text = self._token_ids(prompt, "the prompt")
         self._check_request(token_ids, params, "the prompt")
-        return self._enqueue(self._new_group(token_ids, params), text)
+        group = self._new_group(token_ids, params)
+        group.seqs[0].cache_salt = cache_salt
+        return self._enqueue(group, text)
 
     def abort(self, request_id: int) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its output so far
