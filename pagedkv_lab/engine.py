@@ -356,12 +356,89 @@ def paged_attention(model: PreTrainedModel):
         config._attn_implementation = previous
 
 
-class ModelRunner:
-    """Turns sequences into tensors, runs the model with paged attention, returns logits.
+def check_model(model: PreTrainedModel, max_model_len: int | None) -> int:
+    """Check that the engine can serve ``model``; return the maximum length.
 
-    It owns the KV cache tensor; which blocks each sequence uses is decided
-    elsewhere (a `BlockTable` per sequence in this chapter, the block manager
-    from chapter 06 on).
+    The model must be a supported decoder (our attention assumes RoPE already
+    applied and no sliding window) and ``max_model_len`` must fit its positions.
+    """
+    config = model.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"model type {config.model_type!r} is not supported; "
+            f"use one of {SUPPORTED_MODEL_TYPES}"
+        )
+    limit = getattr(config, "max_position_embeddings", None)
+    max_model_len = max_model_len or limit
+    if limit and max_model_len > limit:
+        raise ValueError(
+            f"max_model_len={max_model_len} exceeds the model's {limit} positions"
+        )
+    window = getattr(config, "sliding_window", None)
+    if (
+        window
+        and getattr(config, "use_sliding_window", True)
+        and max_model_len > window
+    ):
+        raise ValueError(
+            f"sliding-window attention is not supported: set max_model_len <= {window}"
+        )
+    return max_model_len
+
+
+def pack_step(
+    seqs: list[Sequence],
+    num_new_tokens: list[int],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> StepInputs:
+    """Pack the next ``num_new_tokens[i]`` tokens of each sequence into one row.
+
+    Each sequence's block table must already hold slots for them.
+    """
+    ids, pos, slots, starts, ctx = [], [], [], [0], []
+    for seq, n in zip(seqs, num_new_tokens):
+        first, last = seq.num_computed_tokens, seq.num_computed_tokens + n
+        table = seq.block_table.blocks if seq.block_table is not None else []
+        if n < 1 or last > seq.num_tokens or len(table) * block_size < last:
+            raise ValueError(
+                f"sequence {seq.seq_id}: cannot compute tokens {first}..{last} "
+                f"(it has {seq.num_tokens} tokens, {len(table) * block_size} slots)"
+            )
+        ids += seq.token_ids[first:last]
+        pos += range(first, last)
+        slots += [
+            table[p // block_size] * block_size + p % block_size for p in pos[-n:]
+        ]
+        starts.append(starts[-1] + n)
+        ctx.append(last)
+    width = max(len(s.block_table.blocks) for s in seqs)
+    tables = [
+        s.block_table.blocks + [-1] * (width - len(s.block_table.blocks)) for s in seqs
+    ]
+
+    def as_long(x):
+        return torch.tensor(x, dtype=torch.long, device=device)
+
+    decode = [i for i, n in enumerate(num_new_tokens) if n == 1]
+    return StepInputs(
+        input_ids=as_long(ids),
+        positions=as_long(pos),
+        slot_mapping=as_long(slots),
+        block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
+        context_lens=as_long(ctx),
+        query_start_loc=as_long(starts),
+        logits_index=as_long(starts[1:]) - 1,
+        decode_seqs=as_long(decode),
+        prefill_seqs=[i for i, n in enumerate(num_new_tokens) if n != 1],
+    )
+
+
+class ModelRunner:
+    """Owns the KV cache and runs the model on packed steps with paged attention.
+
+    Which blocks each sequence uses is decided elsewhere: a `BlockTable` per
+    sequence in this chapter, the block manager from chapter 06 on.
     """
 
     def __init__(
@@ -371,32 +448,11 @@ class ModelRunner:
         block_size: int = 16,
         max_model_len: int | None = None,
     ):
-        config = model.config
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"model type {config.model_type!r} is not supported; "
-                f"use one of {SUPPORTED_MODEL_TYPES}"
-            )
-        limit = getattr(config, "max_position_embeddings", None)
-        self.max_model_len = max_model_len or limit
-        if limit and self.max_model_len > limit:
-            raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's {limit} positions"
-            )
-        window = (
-            getattr(config, "sliding_window", None)
-            if getattr(config, "use_sliding_window", True)
-            else None
-        )
-        if window and self.max_model_len > window:
-            raise ValueError(
-                "sliding-window attention is not supported: "
-                f"set max_model_len <= {window}"
-            )
+        self.max_model_len = check_model(model, max_model_len)
         self.model = model
         self.device = next(model.parameters()).device
         self.kv_cache = PagedKVCache(
-            config, num_blocks, block_size, model.dtype, self.device
+            model.config, num_blocks, block_size, model.dtype, self.device
         )
         self.block_size = block_size
         self.workspace: dict = {}
@@ -404,49 +460,10 @@ class ModelRunner:
         self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]) -> StepInputs:
-        """Pack the next ``num_new_tokens[i]`` tokens of each sequence into one row.
-
-        Each sequence's block table must already hold slots for them.
-        """
-        ids, pos, slots, starts, ctx = [], [], [], [0], []
-        bs = self.block_size
-        for seq, n in zip(seqs, num_new_tokens):
-            first, last = seq.num_computed_tokens, seq.num_computed_tokens + n
-            table = seq.block_table.blocks if seq.block_table is not None else []
-            if n < 1 or last > seq.num_tokens or len(table) * bs < last:
-                raise ValueError(
-                    f"sequence {seq.seq_id}: cannot compute tokens {first}..{last} "
-                    f"(it has {seq.num_tokens} tokens, {len(table) * bs} slots)"
-                )
-            ids += seq.token_ids[first:last]
-            pos += range(first, last)
-            slots += [table[p // bs] * bs + p % bs for p in range(first, last)]
-            starts.append(starts[-1] + n)
-            ctx.append(last)
-        width = max(len(s.block_table.blocks) for s in seqs)
-        tables = [
-            s.block_table.blocks + [-1] * (width - len(s.block_table.blocks))
-            for s in seqs
-        ]
-        dev = self.device
-
-        def as_long(x):
-            return torch.tensor(x, dtype=torch.long, device=dev)
-
-        decode = [i for i, n in enumerate(num_new_tokens) if n == 1]
-        return StepInputs(
-            input_ids=as_long(ids),
-            positions=as_long(pos),
-            slot_mapping=as_long(slots),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            context_lens=as_long(ctx),
-            query_start_loc=as_long(starts),
-            logits_index=as_long(starts[1:]) - 1,
-            decode_seqs=as_long(decode),
-            prefill_seqs=[i for i, n in enumerate(num_new_tokens) if n != 1],
-            kv_cache=self.kv_cache,
-            workspace=self.workspace,
-        )
+        """`pack_step` on this runner's device, with its cache and workspace."""
+        step = pack_step(seqs, num_new_tokens, self.block_size, self.device)
+        step.kv_cache, step.workspace = self.kv_cache, self.workspace
+        return step
 
     @torch.inference_mode()
     def run(
@@ -458,10 +475,9 @@ class ModelRunner:
         """One forward pass; fp32 logits of each sequence's last new token.
 
         Returns ``[num_seqs, vocab]``. The sequences are not changed: the caller
-        advances ``num_computed_tokens`` once it has used the logits.
-        ``ref_counts`` (the block manager's, from chapter 07 on) turns on a
-        check that no slot written belongs to a block shared with another
-        sequence.
+        advances ``num_computed_tokens`` once it has used the logits. With
+        ``ref_counts`` (the block manager's, chapter 07), it checks that no
+        slot written belongs to a block another sequence also reads.
         """
         step = self.prepare(seqs, num_new_tokens)
         if ref_counts is not None:

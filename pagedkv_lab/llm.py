@@ -143,166 +143,18 @@ def as_prompt_list(prompts) -> list:
     return [p.tolist() if hasattr(p, "tolist") else p for p in prompts]
 
 
-class LLM:
-    """Serve a causal LM with a paged KV cache and continuous batching.
+class RequestIntake:
+    """The door of the engine: every request is checked, completely, before
+    anything is queued, so bad input disturbs nothing in flight.
 
-    ``model`` is an offline model name (``"tiny-llama"``...), a Hugging Face
-    checkpoint name or local path, a loaded ``PreTrainedModel`` (token-id
-    prompts only), or a ``(model, tokenizer)`` pair. A loaded model is served
-    where it is, and left as it was: the paged attention is switched on only
-    inside the engine's own forward passes.
-
-    ``kv_cache_memory`` is the KV budget in bytes (int) or, on a GPU, a
-    fraction of the memory free after loading the model (float); by default 0.9
-    of free GPU memory, or 256 MiB on a CPU. ``max_model_len`` defaults to the
-    model's positions, or what the pool holds if that is less.
-    ``enable_prefix_caching`` keeps freed blocks as a cache that later requests
-    with the same prefix reuse (chapter 08). When memory runs out a running
-    request is preempted (``victim``: ``"newest"`` or ``"longest-output"``) and
-    later recomputes its K/V, or with ``preemption_mode="swap"`` its blocks go
-    to ``swap_space`` bytes of CPU memory and come back (chapter 09).
-    ``watermark`` is the share of blocks kept free when admitting a request.
+    Subclasses provide ``model``, ``tokenizer``, ``block_manager``,
+    ``scheduler`` and ``max_model_len``.
     """
 
-    def __init__(
-        self,
-        model="tiny-llama",
-        *,
-        block_size: int = 16,
-        kv_cache_memory: int | float | None = None,
-        max_num_seqs: int = 256,
-        max_model_len: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        seed: int = 0,
-        reserve_max_len: bool = False,
-        enable_prefix_caching: bool = False,
-        watermark: float = 0.01,
-        preemption_mode: str = "recompute",
-        swap_space: int = 0,
-        victim: str = "newest",
-    ):
-        _check_int("block_size", block_size, 1)
-        _check_int("max_num_seqs", max_num_seqs, 1)
-        _check_int("max_model_len", max_model_len, 1, none_ok=True)
-        _check_int("max_num_batched_tokens", max_num_batched_tokens, 1, none_ok=True)
-        self.model, self.tokenizer = self._load(model, device, dtype, seed)
-        device = next(self.model.parameters()).device
-        config = self.model.config
-        num_blocks = self._num_blocks(kv_cache_memory, block_size, device)
-        positions = getattr(config, "max_position_embeddings", None) or 2**31
-        if max_model_len is None:
-            max_model_len = min(positions, num_blocks * block_size)
-        elif max_model_len > num_blocks * block_size:
-            raise ValueError(
-                f"max_model_len={max_model_len} tokens do not fit the KV pool "
-                f"({num_blocks} blocks of {block_size} = "
-                f"{num_blocks * block_size} tokens): raise kv_cache_memory or "
-                "lower max_model_len"
-            )
-        self.max_model_len = max_model_len
-        self.runner = ModelRunner(self.model, num_blocks, block_size, max_model_len)
-        if enable_prefix_caching:
-            from .prefix_cache import PrefixCachingBlockManager
-
-            self.block_manager = PrefixCachingBlockManager(num_blocks, block_size)
-        else:
-            self.block_manager = BlockManager(num_blocks, block_size)
-        settings = dict(
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens or max(4096, max_model_len),
-            reserve_tokens=max_model_len if reserve_max_len else 0,
-            watermark=watermark,
-        )
-        self.swap_space = None
-        if not isinstance(watermark, (int, float)) or not 0 <= watermark < 1:
-            raise ValueError(
-                f"watermark must be a fraction in [0, 1), got {watermark!r}"
-            )
-        if preemption_mode not in ("recompute", "swap"):
-            raise ValueError(
-                f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}"
-            )
-        if preemption_mode == "recompute" and victim == "newest" and not swap_space:
-            self.scheduler = Scheduler(self.block_manager, **settings)
-        else:
-            self.scheduler = self._preemption_scheduler(
-                preemption_mode, swap_space, victim, settings
-            )
-        eos = config.eos_token_id if self.tokenizer is None else None
-        eos = self.tokenizer.eos_token_id if self.tokenizer is not None else eos
-        self.eos_token_ids = frozenset([eos] if _is_token_id(eos) else (eos or []))
-        self.stats = EngineStats(num_blocks, block_size)
+    def _init_intake(self) -> None:
         self._requests: dict[int, tuple[SequenceGroup, str | None, RequestMetrics]] = {}
-        self._unclaimed: list[RequestOutput] = []
         self._request_ids = itertools.count()
         self._t0 = time.perf_counter()
-
-    def _preemption_scheduler(self, mode, swap_space, victim, settings):
-        """Chapter 09's scheduler: a victim policy, and swapping to CPU memory."""
-        from .preemption import PreemptionScheduler, SwapSpace
-
-        if mode == "swap":
-            _check_int("swap_space", swap_space, 1)
-            per_block = self.runner.kv_cache.nbytes // self.runner.kv_cache.num_blocks
-            self.swap_space = SwapSpace(self.runner.kv_cache, swap_space // per_block)
-        elif swap_space:
-            raise ValueError("swap_space is only used with preemption_mode='swap'")
-        return PreemptionScheduler(
-            self.block_manager, swap_space=self.swap_space, victim=victim, **settings
-        )
-
-    @staticmethod
-    def _load(model, device, dtype, seed):
-        from .device import pick_device
-        from .models import load_model
-
-        if isinstance(model, tuple):
-            model, tokenizer = model
-        elif isinstance(model, PreTrainedModel):
-            tokenizer = None
-        else:
-            device = pick_device(str(device) if device is not None else None)
-            return load_model(model, seed=seed, dtype=dtype, device=device)
-        if not isinstance(model, PreTrainedModel):
-            raise ValueError(f"expected a transformers PreTrainedModel, got {model!r}")
-        here = next(model.parameters())
-        if device is not None and torch.device(device) != here.device:
-            raise ValueError(
-                f"the model is on {here.device}; a loaded model is served where "
-                f"it is, so leave device=None or move the model first"
-            )
-        if dtype is not None and dtype != model.dtype:
-            raise ValueError(f"the model is {model.dtype}, not {dtype}")
-        return model, tokenizer
-
-    def _num_blocks(self, kv_cache_memory, block_size, device) -> int:
-        if kv_cache_memory is None:
-            kv_cache_memory = 0.9 if device.type == "cuda" else 256 * 2**20
-        if isinstance(kv_cache_memory, bool) or not isinstance(
-            kv_cache_memory, numbers.Real
-        ):
-            raise ValueError(
-                f"kv_cache_memory must be bytes (int) or a fraction, got {kv_cache_memory!r}"
-            )
-        if isinstance(kv_cache_memory, float):
-            if device.type != "cuda" or not 0 < kv_cache_memory <= 1:
-                raise ValueError(
-                    "a fractional kv_cache_memory needs a CUDA device "
-                    "and a value in (0, 1]"
-                )
-            kv_cache_memory = int(torch.cuda.mem_get_info(device)[0] * kv_cache_memory)
-        num_blocks = PagedKVCache.blocks_for_budget(
-            self.model.config, kv_cache_memory, block_size, self.model.dtype
-        )
-        if num_blocks < 1:
-            raise ValueError(
-                f"kv_cache_memory={kv_cache_memory} bytes holds not even one block "
-                f"of {block_size} tokens"
-            )
-        return num_blocks
 
     def _now(self) -> float:
         return time.perf_counter() - self._t0
@@ -333,15 +185,6 @@ class LLM:
                     f"got {t!r} at position {i}"
                 )
         return [int(t) for t in ids], None
-
-    def _new_group(self, token_ids: list[int], params) -> SequenceGroup:
-        """The request object for ``params`` (chapter 07 adds the sharing kinds)."""
-        seq, rid = Sequence(token_ids, params), next(self._request_ids)
-        if params.n == 1:
-            return SequenceGroup(rid, seq, self._now())
-        from .groups import ParallelSamplingGroup
-
-        return ParallelSamplingGroup(rid, seq, self._now())
 
     def _check_request(self, token_ids: list[int], params, where: str) -> None:
         """Refuse what could never be served, before anything is queued."""
@@ -375,6 +218,15 @@ class LLM:
                 f"has {pool} ({pool * bs} tokens)"
             )
 
+    def _new_group(self, token_ids: list[int], params) -> SequenceGroup:
+        """The request object for ``params`` (chapter 07 adds the sharing kinds)."""
+        seq, rid = Sequence(token_ids, params), next(self._request_ids)
+        if params.n == 1:
+            return SequenceGroup(rid, seq, self._now())
+        from .groups import ParallelSamplingGroup
+
+        return ParallelSamplingGroup(rid, seq, self._now())
+
     def _enqueue(self, group: SequenceGroup, text: str | None) -> int:
         self._requests[group.request_id] = (group, text, RequestMetrics(self._now()))
         self.scheduler.add(group)
@@ -399,6 +251,12 @@ class LLM:
         group = self._new_group(token_ids, params)
         group.seqs[0].cache_salt = cache_salt
         return self._enqueue(group, text)
+
+
+class LLMEngine(RequestIntake):
+    """The engine loop, vLLM's ``LLMEngine``: `add_request`, then `step` until
+    done; `abort` stops a request. A failure inside a step ends the request
+    that caused it (``finish_reason="error"``) and nothing else."""
 
     def abort(self, request_id: int) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its output so far
@@ -547,6 +405,166 @@ class LLM:
         prompt_ids = seq.token_ids[: seq.num_prompt_tokens]
         return RequestOutput(
             group.request_id, prompt, prompt_ids, outputs, metrics, error
+        )
+
+
+class LLM(LLMEngine):
+    """Serve a causal LM with a paged KV cache and continuous batching.
+
+    ``model`` is an offline model name (``"tiny-llama"``...), a Hugging Face
+    checkpoint name or local path, a loaded ``PreTrainedModel`` (token-id
+    prompts only), or a ``(model, tokenizer)`` pair. A loaded model is served
+    where it is, and left as it was: the paged attention is switched on only
+    inside the engine's own forward passes.
+
+    ``kv_cache_memory`` is the KV budget in bytes (int) or, on a GPU, a
+    fraction of the memory free after loading the model (float); by default 0.9
+    of free GPU memory, or 256 MiB on a CPU. ``max_model_len`` defaults to the
+    model's positions, or what the pool holds if that is less.
+    ``enable_prefix_caching`` keeps freed blocks as a cache that later requests
+    with the same prefix reuse (chapter 08). When memory runs out a running
+    request is preempted (``victim``: ``"newest"`` or ``"longest-output"``) and
+    later recomputes its K/V, or with ``preemption_mode="swap"`` its blocks go
+    to ``swap_space`` bytes of CPU memory and come back (chapter 09).
+    ``watermark`` is the share of blocks kept free when admitting a request.
+    """
+
+    def __init__(
+        self,
+        model="tiny-llama",
+        *,
+        block_size: int = 16,
+        kv_cache_memory: int | float | None = None,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        reserve_max_len: bool = False,
+        enable_prefix_caching: bool = False,
+        watermark: float = 0.01,
+        preemption_mode: str = "recompute",
+        swap_space: int = 0,
+        victim: str = "newest",
+    ):
+        _check_int("block_size", block_size, 1)
+        _check_int("max_num_seqs", max_num_seqs, 1)
+        _check_int("max_model_len", max_model_len, 1, none_ok=True)
+        _check_int("max_num_batched_tokens", max_num_batched_tokens, 1, none_ok=True)
+        self.model, self.tokenizer = self._load(model, device, dtype, seed)
+        device = next(self.model.parameters()).device
+        config = self.model.config
+        num_blocks = self._num_blocks(kv_cache_memory, block_size, device)
+        positions = getattr(config, "max_position_embeddings", None) or 2**31
+        if max_model_len is None:
+            max_model_len = min(positions, num_blocks * block_size)
+        elif max_model_len > num_blocks * block_size:
+            raise ValueError(
+                f"max_model_len={max_model_len} tokens do not fit the KV pool "
+                f"({num_blocks} blocks of {block_size} = "
+                f"{num_blocks * block_size} tokens): raise kv_cache_memory or "
+                "lower max_model_len"
+            )
+        self.max_model_len = max_model_len
+        self.runner = ModelRunner(self.model, num_blocks, block_size, max_model_len)
+        if enable_prefix_caching:
+            from .prefix_cache import PrefixCachingBlockManager
+
+            self.block_manager = PrefixCachingBlockManager(num_blocks, block_size)
+        else:
+            self.block_manager = BlockManager(num_blocks, block_size)
+        settings = dict(
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens or max(4096, max_model_len),
+            reserve_tokens=max_model_len if reserve_max_len else 0,
+            watermark=watermark,
+        )
+        self.swap_space = None
+        if not isinstance(watermark, (int, float)) or not 0 <= watermark < 1:
+            raise ValueError(
+                f"watermark must be a fraction in [0, 1), got {watermark!r}"
+            )
+        if preemption_mode not in ("recompute", "swap"):
+            raise ValueError(
+                f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}"
+            )
+        if preemption_mode == "recompute" and victim == "newest" and not swap_space:
+            self.scheduler = Scheduler(self.block_manager, **settings)
+        else:
+            self.scheduler = self._preemption_scheduler(
+                preemption_mode, swap_space, victim, settings
+            )
+        eos = config.eos_token_id if self.tokenizer is None else None
+        eos = self.tokenizer.eos_token_id if self.tokenizer is not None else eos
+        self.eos_token_ids = frozenset([eos] if _is_token_id(eos) else (eos or []))
+        self.stats = EngineStats(num_blocks, block_size)
+        self._unclaimed: list[RequestOutput] = []
+        self._init_intake()
+
+    @staticmethod
+    def _load(model, device, dtype, seed):
+        from .device import pick_device
+        from .models import load_model
+
+        if isinstance(model, tuple):
+            model, tokenizer = model
+        elif isinstance(model, PreTrainedModel):
+            tokenizer = None
+        else:
+            device = pick_device(str(device) if device is not None else None)
+            return load_model(model, seed=seed, dtype=dtype, device=device)
+        if not isinstance(model, PreTrainedModel):
+            raise ValueError(f"expected a transformers PreTrainedModel, got {model!r}")
+        here = next(model.parameters())
+        if device is not None and torch.device(device) != here.device:
+            raise ValueError(
+                f"the model is on {here.device}; a loaded model is served where "
+                f"it is, so leave device=None or move the model first"
+            )
+        if dtype is not None and dtype != model.dtype:
+            raise ValueError(f"the model is {model.dtype}, not {dtype}")
+        return model, tokenizer
+
+    def _num_blocks(self, kv_cache_memory, block_size, device) -> int:
+        if kv_cache_memory is None:
+            kv_cache_memory = 0.9 if device.type == "cuda" else 256 * 2**20
+        if isinstance(kv_cache_memory, bool) or not isinstance(
+            kv_cache_memory, numbers.Real
+        ):
+            raise ValueError(
+                f"kv_cache_memory must be bytes (int) or a fraction, got {kv_cache_memory!r}"
+            )
+        if isinstance(kv_cache_memory, float):
+            if device.type != "cuda" or not 0 < kv_cache_memory <= 1:
+                raise ValueError(
+                    "a fractional kv_cache_memory needs a CUDA device "
+                    "and a value in (0, 1]"
+                )
+            kv_cache_memory = int(torch.cuda.mem_get_info(device)[0] * kv_cache_memory)
+        num_blocks = PagedKVCache.blocks_for_budget(
+            self.model.config, kv_cache_memory, block_size, self.model.dtype
+        )
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_memory={kv_cache_memory} bytes holds not even one block "
+                f"of {block_size} tokens"
+            )
+        return num_blocks
+
+    def _preemption_scheduler(self, mode, swap_space, victim, settings):
+        """Chapter 09's scheduler: a victim policy, and swapping to CPU memory."""
+        from .preemption import PreemptionScheduler, SwapSpace
+
+        if mode == "swap":
+            _check_int("swap_space", swap_space, 1)
+            per_block = self.runner.kv_cache.nbytes // self.runner.kv_cache.num_blocks
+            self.swap_space = SwapSpace(self.runner.kv_cache, swap_space // per_block)
+        elif swap_space:
+            raise ValueError("swap_space is only used with preemption_mode='swap'")
+        return PreemptionScheduler(
+            self.block_manager, swap_space=self.swap_space, victim=victim, **settings
         )
 
     def generate(

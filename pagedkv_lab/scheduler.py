@@ -100,18 +100,12 @@ class SchedulerOutput:
         self.groups.append(group)
 
 
-class Scheduler:
-    """Waiting and running queues of requests, decided anew at every step.
-
-    Every block decision goes to the block manager (`can_allocate`,
-    `allocate`, `can_append_slots`, `append_slots`, `free`). Each step the
-    running requests, oldest first, get slots for their next tokens; when no
-    block is free the newest running request is preempted: its blocks are
-    freed and it will recompute its K/V. Then waiting requests are admitted in
-    arrival order while blocks (beyond a small watermark), batch slots
-    (``max_num_seqs``) and the step's token budget (``max_num_batched_tokens``)
-    last; a prompt longer than the budget left is prefilled in chunks.
-    """
+class SchedulerQueues:
+    """The scheduler's state: waiting and running requests, and what happens to
+    a request's blocks when it is preempted, removed or finished. Every block
+    decision goes to the block manager (`can_allocate`, `allocate`,
+    `can_append_slots`, `append_slots`, `free`); `Scheduler` adds the
+    per-step decisions."""
 
     def __init__(
         self,
@@ -171,6 +165,29 @@ class Scheduler:
         for seq in group.seqs:
             self.block_manager.free(seq)
 
+    def free_finished(self) -> list[SequenceGroup]:
+        """Free the blocks of finished sequences; return the requests now done."""
+        for group in self.running:
+            for seq in group.seqs:
+                if seq.is_finished:
+                    self.block_manager.free(seq)
+        done = [g for g in self.running if g.is_finished]
+        self.running = [g for g in self.running if not g.is_finished]
+        return done
+
+
+class Scheduler(SchedulerQueues):
+    """Decides each step who computes how many tokens.
+
+    Running requests get slots for their next tokens first, in queue order;
+    when no block is free, the request at the end of the queue is preempted:
+    its blocks are freed and it will recompute its K/V. Then waiting requests
+    are admitted in arrival order while blocks (beyond a small watermark),
+    batch slots (``max_num_seqs``) and the step's token budget
+    (``max_num_batched_tokens``) last; a prompt longer than the budget left is
+    prefilled in chunks.
+    """
+
     def schedule(self) -> SchedulerOutput:
         """Decide this step: grow running requests (preempting if needed), admit
         waiting ones, and return who computes how many tokens."""
@@ -226,13 +243,3 @@ class Scheduler:
             out.add(seq, n, group)
             budget -= n
         return budget
-
-    def free_finished(self) -> list[SequenceGroup]:
-        """Free the blocks of finished sequences; return the requests now done."""
-        for group in self.running:
-            for seq in group.seqs:
-                if seq.is_finished:
-                    self.block_manager.free(seq)
-        done = [g for g in self.running if g.is_finished]
-        self.running = [g for g in self.running if not g.is_finished]
-        return done
