@@ -47,7 +47,6 @@ def _check_float(name: str, value, low: float, high: float, low_open: bool) -> N
         bracket = "(" if low_open else "["
         raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value}")
 
-
 @dataclass
 class SamplingParams:
     """How to pick tokens and when to stop, per request (shaped like vLLM's).
@@ -92,7 +91,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPSILON
 
-
 def make_generator(seed: int | None, index: int = 0) -> torch.Generator | None:
     """The random stream of sample ``index`` of a seeded request (None: the global one).
 
@@ -103,7 +101,6 @@ def make_generator(seed: int | None, index: int = 0) -> torch.Generator | None:
         return None
     # Distinct, reproducible streams per sample; sample 0 keeps the plain seed.
     return torch.Generator().manual_seed((seed + index * 0x9E3779B97F4A7C15) % 2**63)
-
 
 class Sequence:
     """One sequence of a request: its tokens, its block table, and how many of
@@ -187,7 +184,6 @@ class Sequence:
             child.generator = torch.Generator().set_state(self.generator.get_state())
         return child
 
-
 class PagedKVCache:
     """Every layer's K and V blocks in one tensor.
 
@@ -245,7 +241,6 @@ class PagedKVCache:
         )
         self.data.index_copy_(2, dst, self.data.index_select(2, src))
 
-
 @dataclass
 class StepInputs:
     """Everything one forward pass needs, for a batch packed into one row of tokens.
@@ -271,7 +266,6 @@ class StepInputs:
     prefill_seqs: list[int] = field(default_factory=list)
     kv_cache: PagedKVCache | None = None
     workspace: dict = field(default_factory=dict)
-
 
 def paged_attention_forward(
     module,
@@ -338,7 +332,6 @@ AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
 # We mask inside attention, from the sequence lengths: no mask tensor is needed.
 AttentionMaskInterface.register(ATTENTION_NAME, lambda *args, **kwargs: None)
 
-
 @contextlib.contextmanager
 def paged_attention(model: PreTrainedModel):
     """Run ``model`` with the paged attention inside the block, and restore it after.
@@ -354,7 +347,6 @@ def paged_attention(model: PreTrainedModel):
         yield
     finally:
         config._attn_implementation = previous
-
 
 def check_model(model: PreTrainedModel, max_model_len: int | None) -> int:
     """Check that the engine can serve ``model``; return the maximum length.
@@ -384,7 +376,6 @@ def check_model(model: PreTrainedModel, max_model_len: int | None) -> int:
             f"sliding-window attention is not supported: set max_model_len <= {window}"
         )
     return max_model_len
-
 
 def pack_step(
     seqs: list[Sequence],
@@ -432,7 +423,6 @@ def pack_step(
         decode_seqs=as_long(decode),
         prefill_seqs=[i for i, n in enumerate(num_new_tokens) if n != 1],
     )
-
 
 class ModelRunner:
     """Owns the KV cache and runs the model on packed steps with paged attention.
@@ -495,7 +485,6 @@ class ModelRunner:
             )
         return out.logits[0].float()
 
-
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     """Next token per sequence.
 
@@ -527,7 +516,6 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int]) -> list[float]:
     """Log-probability of each chosen token under the model's own distribution."""
     index = torch.tensor(tokens, device=logits.device)[:, None]
     return logits.log_softmax(-1).gather(1, index)[:, 0].tolist()
-
 
 def run_to_completion(
     runner: ModelRunner, seqs: list[Sequence], eos_token_id: int | None

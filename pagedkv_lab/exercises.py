@@ -338,6 +338,24 @@ def check_logits_rows(fn: Callable) -> bool:
     )
 
 
+def check_blocks_held(fn: Callable) -> bool:
+    """``fn(prompt_lens, new_tokens, block_size) -> int``: blocks left held."""
+    lengths = [1, 7, 8, 9, 29, 100]
+    cases = [
+        ("one prompt that fills its block", ([4], 1, 4), 1),
+        ("one token past a block", ([5], 1, 4), 2),
+        ("the chapter's prompts, block 8", (lengths, 24, 8), 38),
+        ("the chapter's prompts, block 1", (lengths, 24, 1), 292),
+        ("the chapter's prompts, block 128", (lengths, 24, 128), 6),
+    ]
+    return _run(
+        "blocks_held",
+        fn,
+        cases,
+        "each sequence holds ceil((prompt + new_tokens - 1) / block_size) blocks.",
+    )
+
+
 # Chapter 06 -----------------------------------------------------------------------------------------------
 
 
@@ -387,4 +405,41 @@ def check_continuous_steps(fn: Callable) -> bool:
         fn,
         cases,
         "give each request, in order, the slot that frees first; the answer is when the last one ends.",
+    )
+
+
+def _demo_preemptions(watermark: float) -> int:
+    """Chapter 06's scheduler demo, without the model: with EOS ignored the
+    schedule does not depend on which tokens are sampled."""
+    from .block_manager import BlockManager
+    from .engine import SamplingParams, Sequence
+    from .scheduler import Scheduler, SequenceGroup
+
+    sched = Scheduler(
+        BlockManager(10, 4), max_model_len=2048, max_num_seqs=4, watermark=watermark
+    )
+    for i, (p, o) in enumerate([(5, 9), (3, 4), (9, 10), (2, 3), (6, 8), (4, 2)]):
+        params = SamplingParams(temperature=0, max_tokens=o, ignore_eos=True)
+        sched.add(SequenceGroup(i, Sequence(list(range(1, p + 1)), params)))
+    while sched.has_unfinished:
+        plan = sched.schedule()
+        for seq, n in zip(plan.seqs, plan.num_new_tokens):
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.append_token(5, None, 2048)
+        sched.free_finished()
+    return sched.num_preemptions
+
+
+def check_demo_preemptions(fn: Callable) -> bool:
+    """``fn(watermark) -> int``: preemptions in chapter 06's scheduler demo."""
+    cases = [
+        (f"watermark {w}", (w,), _demo_preemptions(w)) for w in (0.0, 0.1, 0.25, 0.5)
+    ]
+    return _run(
+        "demo_preemptions",
+        fn,
+        cases,
+        "build the demo's Scheduler(BlockManager(10, 4), ..., watermark=watermark), "
+        "serve the six requests and return scheduler.num_preemptions.",
     )

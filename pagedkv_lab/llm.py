@@ -16,8 +16,6 @@ from transformers import PreTrainedModel
 from .block_manager import BlockManager
 from .engine import ModelRunner, PagedKVCache, SamplingParams, Sequence, _check_int
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
-
-
 @dataclass
 class RequestMetrics:
     """Times in seconds since the engine started."""
@@ -88,7 +86,6 @@ class RequestOutput:
     def finish_reason(self) -> str:
         return self.outputs[0].finish_reason
 
-
 @dataclass
 class EngineStats:
     """Counters over the engine's life."""
@@ -109,7 +106,6 @@ class EngineStats:
     def mean_utilization(self) -> float:
         """Mean share of allocated block slots that hold a token's K/V."""
         return self.utilization_sum / self.steps if self.steps else 0.0
-
 
 def _is_token_id(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
@@ -141,7 +137,6 @@ def as_prompt_list(prompts) -> list:
     if prompts and all(_is_token_id(x) for x in prompts):
         return [prompts]
     return [p.tolist() if hasattr(p, "tolist") else p for p in prompts]
-
 
 class RequestIntake:
     """The door of the engine: every request is checked, completely, before
@@ -252,11 +247,15 @@ class RequestIntake:
         group.seqs[0].cache_salt = cache_salt
         return self._enqueue(group, text)
 
-
 class LLMEngine(RequestIntake):
     """The engine loop, vLLM's ``LLMEngine``: `add_request`, then `step` until
     done; `abort` stops a request. A failure inside a step ends the request
     that caused it (``finish_reason="error"``) and nothing else."""
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether `step` has anything left to return: requests in flight, or
+        outputs another caller's `generate` finished for you."""
+        return bool(self._unclaimed) or self.scheduler.has_unfinished
 
     def abort(self, request_id: int) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its output so far
@@ -406,7 +405,6 @@ class LLMEngine(RequestIntake):
         return RequestOutput(
             group.request_id, prompt, prompt_ids, outputs, metrics, error
         )
-
 
 class LLM(LLMEngine):
     """Serve a causal LM with a paged KV cache and continuous batching.

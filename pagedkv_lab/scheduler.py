@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .engine import Sequence, sample, token_logprobs
-
-
 class SequenceGroup:
     """A request: the sequences generated from one prompt.
 
@@ -80,7 +78,6 @@ class SequenceGroup:
             for s in seqs
         ]
 
-
 @dataclass
 class SchedulerOutput:
     """One step's plan: which sequences compute how many new tokens, and the
@@ -98,7 +95,6 @@ class SchedulerOutput:
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)
         self.groups.append(group)
-
 
 class SchedulerQueues:
     """The scheduler's state: waiting and running requests, and what happens to
@@ -174,7 +170,6 @@ class SchedulerQueues:
         done = [g for g in self.running if g.is_finished]
         self.running = [g for g in self.running if not g.is_finished]
         return done
-
 
 class Scheduler(SchedulerQueues):
     """Decides each step who computes how many tokens.

@@ -77,6 +77,12 @@ CASES = [
         lambda c, n: list(range(n)),
     ),
     ("ch05", "logits_rows", exercises.check_logits_rows, lambda q: [n - 1 for n in q]),
+    (
+        "ch05",
+        "blocks_held",
+        exercises.check_blocks_held,
+        lambda lens, new, bs: sum(-(-(p + new) // bs) for p in lens),
+    ),
     ("ch06", "static_steps", exercises.check_static_steps, lambda lens, b: max(lens)),
     (
         "ch06",
@@ -84,6 +90,7 @@ CASES = [
         exercises.check_continuous_steps,
         lambda lens, b: sum(lens) // b,
     ),
+    ("ch06", "demo_preemptions", exercises.check_demo_preemptions, lambda w: 2),
 ]
 
 

@@ -87,9 +87,10 @@ def _assert_pool_consistent(llm: LLM) -> None:
 
 def _drain(llm: LLM) -> list:
     outs = []
-    while llm.scheduler.has_unfinished:
+    while llm.has_unfinished_requests():
         outs += llm.step()
-    return outs + llm.step()
+    assert llm.step() == []
+    return outs
 
 
 # Bad input at the door -----------------------------------------------------------
