@@ -7,7 +7,9 @@ from 1366 px wide up (measured with headless Chromium; at the theme's default
 bar, so every committed code line and every printed text line must fit in
 ``PAGE_COLUMNS``. A table printed by one cell must also reach the page as one
 output block: nbconvert splits a cell's prints into several stream outputs
-when they arrive at different times, and each becomes a separate box.
+when they arrive at different times, and each becomes a separate box: print a
+table with one call, and execute with `make execute`, whose CoalesceStreams
+preprocessor merges a cell's consecutive prints into one output.
 """
 
 from __future__ import annotations
