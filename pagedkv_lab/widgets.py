@@ -257,7 +257,7 @@ def draw_block_grid(
     columns: int = 16,
     highlight: int | None = None,
     ids: bool = True,
-    fontsize: float = 5,
+    fontsize: float = 6,
 ) -> None:
     """Draw physical blocks as a grid, block 0 top left, each labelled with its id.
 
@@ -391,7 +391,7 @@ def draw_slot_mapping(
         )
         first = b * block_size
         label = f"block {b}\n{first}-{first + block_size - 1}"
-        ax.text((b + 0.5) * block_size, -0.3, label, ha="center", va="top", fontsize=6)
+        ax.text((b + 0.5) * block_size, -0.3, label, ha="center", va="top", fontsize=7)
     for s in range(total):
         written = s in slots
         ax.add_patch(
@@ -417,7 +417,7 @@ def draw_slot_mapping(
             arrowprops={"arrowstyle": "->", "color": COLORS["used"], "lw": 0.8},
         )
     ax.text(0, 4.3, "slot mapping", fontsize=8, ha="left")
-    ax.text(-1, -0.3, "slots", ha="right", va="top", fontsize=6)
+    ax.text(-1, -0.3, "slots", ha="right", va="top", fontsize=7)
     ax.set_xlim(-5, total + 1)
     ax.set_ylim(-1.8, 5)
     ax.axis("off")

@@ -48,7 +48,7 @@ def test_misuse_raises_clear_errors_and_disturbs_nothing():
         a.allocate("zero", 0)
     with pytest.raises(OutOfMemoryError, match="largest gap is 4"):
         a.allocate("b", 5)
-    with pytest.raises(KeyError, match="never allocated, or was already freed"):
+    with pytest.raises(KeyError, match="never allocated, or already freed"):
         a.free("nobody")
     a.free("a")
     with pytest.raises(KeyError):

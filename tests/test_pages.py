@@ -92,7 +92,10 @@ def split_tables(notebook: Path) -> list[str]:
     for index, cell in enumerate(nb["cells"]):
         outputs = cell.get("outputs", [])
         for a, b in zip(outputs, outputs[1:]):
-            if a["output_type"] == b["output_type"] == "stream" and a["name"] == b["name"]:
+            if (
+                a["output_type"] == b["output_type"] == "stream"
+                and a["name"] == b["name"]
+            ):
                 first = _text(b["text"]).splitlines()[:1]
                 found.append(f"cell {index}: a new {b['name']} block starts at {first}")
     return found
@@ -111,13 +114,17 @@ def test_each_cell_prints_one_block(notebook):
 
 
 @pytest.mark.parametrize(
-    "path", PAGES + SOLUTIONS, ids=[p.relative_to(ROOT).as_posix() for p in PAGES + SOLUTIONS]
+    "path",
+    PAGES + SOLUTIONS,
+    ids=[p.relative_to(ROOT).as_posix() for p in PAGES + SOLUTIONS],
 )
 def test_no_book_page_or_solution_line_is_wider_than_the_page(path):
     text = path.read_text()
     lines = text.splitlines() if path.suffix == ".py" else list(_fenced_lines(text))
     wide = [f"({len(x)}): {x[:60]}..." for x in lines if len(x) > PAGE_COLUMNS]
-    assert not wide, f"{path.name}: lines wider than {PAGE_COLUMNS}:\n" + "\n".join(wide)
+    assert not wide, f"{path.name}: lines wider than {PAGE_COLUMNS}:\n" + "\n".join(
+        wide
+    )
 
 
 def test_the_checks_catch_what_they_are_for(tmp_path):
