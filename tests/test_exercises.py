@@ -27,6 +27,12 @@ CASES = [
         lambda cfg: cfg.num_attention_heads // cfg.num_key_value_heads,
     ),
     (
+        "ch00",
+        "cache_bytes_per_token",
+        exercises.check_cache_bytes_per_token,
+        lambda name: 512,
+    ),
+    (
         "ch01",
         "bytes_per_token",
         exercises.check_bytes_per_token,
@@ -45,6 +51,12 @@ CASES = [
         lambda budget, bpt, n: budget // (bpt * n),
     ),
     (
+        "ch01",
+        "longest_request",
+        exercises.check_longest_request,
+        lambda cfg, gpu, dtype_bytes: gpu // 1024,
+    ),
+    (
         "ch02",
         "best_fit",
         exercises.check_best_fit,
@@ -56,7 +68,10 @@ CASES = [
         exercises.check_external_fragmentation,
         lambda gaps, need: sum(gaps),
     ),
+    ("ch02", "pool_shares", exercises.check_pool_shares, lambda extra: (0.0, 0.0)),
     ("ch03", "blocks_for", exercises.check_blocks_for, lambda n, bs: n // bs),
+    ("ch03", "tail_waste", exercises.check_tail_waste, lambda n, bs: bs - n % bs),
+    ("ch03", "preemptions", exercises.check_preemptions, lambda w: 0),
     (
         "ch03",
         "slot_of",
