@@ -189,7 +189,7 @@ class BlockManager:
         return new
 
     def take_copies(self) -> list[tuple[int, int]]:
-        """This step's ``(src, dst)`` block copies, for the model runner; clears them."""
+        """This step's ``(src, dst)`` copies, for the model runner; clears them."""
         copies = [(src, dst) for dst, src in self._copies.items()]
         self._copies.clear()
         self.num_copies += len(copies)

@@ -77,7 +77,8 @@ class SamplingParams:
             self.stop_token_ids, "__iter__"
         ):
             raise ValueError(
-                f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}"
+                "stop_token_ids must be a list of token ids, "
+                f"got {self.stop_token_ids!r}"
             )
         self.stop_token_ids = tuple(self.stop_token_ids)
         for t in self.stop_token_ids:
@@ -92,7 +93,7 @@ class SamplingParams:
         return self.temperature < GREEDY_EPSILON
 
 def make_generator(seed: int | None, index: int = 0) -> torch.Generator | None:
-    """The random stream of sample ``index`` of a seeded request (None: the global one).
+    """The random stream of sample ``index`` of a seeded request (None: global).
 
     Sample ``index`` of a request draws from its own stream, so it gets the same
     tokens whatever else runs in the batch and however many siblings it has.
@@ -287,8 +288,7 @@ def paged_attention_forward(
     """
     if paged_step is None:
         raise RuntimeError(
-            "the pagedkv attention needs `paged_step` inputs; "
-            "run the model through ModelRunner"
+            "pagedkv attention runs only inside ModelRunner (it needs `paged_step`)"
         )
     step: StepInputs = paged_step
     k_cache, v_cache = step.kv_cache.layer(module.layer_idx)

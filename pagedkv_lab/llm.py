@@ -14,7 +14,13 @@ import torch
 from transformers import PreTrainedModel
 
 from .block_manager import BlockManager
-from .engine import ModelRunner, PagedKVCache, SamplingParams, Sequence, _check_int
+from .engine import (
+    ModelRunner,
+    PagedKVCache,
+    SamplingParams,
+    Sequence,
+    _check_int,
+)
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
 @dataclass
 class RequestMetrics:
@@ -209,8 +215,8 @@ class RequestIntake:
         need = max(need, -(-sched.reserve_tokens // bs))
         if need > pool:
             raise ValueError(
-                f"{where} may need {need} blocks of KV cache but the whole pool "
-                f"has {pool} ({pool * bs} tokens)"
+                f"{where} may need {need} KV blocks; the pool has {pool} "
+                f"({pool * bs} tokens)"
             )
 
     def _new_group(self, token_ids: list[int], params) -> SequenceGroup:
@@ -486,7 +492,8 @@ class LLM(LLMEngine):
             )
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(
-                f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}"
+                "preemption_mode must be 'recompute' or 'swap', "
+                f"got {preemption_mode!r}"
             )
         if preemption_mode == "recompute" and victim == "newest" and not swap_space:
             self.scheduler = Scheduler(self.block_manager, **settings)
@@ -532,7 +539,8 @@ class LLM(LLMEngine):
             kv_cache_memory, numbers.Real
         ):
             raise ValueError(
-                f"kv_cache_memory must be bytes (int) or a fraction, got {kv_cache_memory!r}"
+                "kv_cache_memory must be bytes (int) or a fraction, "
+                f"got {kv_cache_memory!r}"
             )
         if isinstance(kv_cache_memory, float):
             if device.type != "cuda" or not 0 < kv_cache_memory <= 1:
@@ -605,7 +613,11 @@ class LLM(LLMEngine):
         ``params`` is a `pagedkv_lab.groups.BeamSearchParams`; returns one
         `BeamSearchOutput` per prompt, its ``sequences`` best first.
         """
-        from .groups import BeamSearchGroup, BeamSearchOutput, BeamSearchSequence
+        from .groups import (
+            BeamSearchGroup,
+            BeamSearchOutput,
+            BeamSearchSequence,
+        )
 
         prompts = as_prompt_list(prompts)
         checked = []

@@ -52,7 +52,7 @@ class SwapSpace:
         return len(distinct) <= self.num_free_blocks
 
     def swap_out(self, group: SequenceGroup, block_manager) -> list[tuple[int, int]]:
-        """Give ``group``'s GPU blocks back; return (GPU block, CPU block) pairs to copy."""
+        """Free ``group``'s GPU blocks; return the (GPU, CPU) block pairs to copy."""
         cpu_of: dict[int, int] = {}
         for seq in self._on_gpu(group):
             table = seq.block_table
@@ -82,7 +82,7 @@ class SwapSpace:
         return len(distinct) + watermark <= block_manager.num_free_blocks
 
     def swap_in(self, group: SequenceGroup, block_manager) -> list[tuple[int, int]]:
-        """Give ``group`` GPU blocks again; return (CPU block, GPU block) pairs to copy."""
+        """Give ``group`` GPU blocks again; return the (CPU, GPU) pairs to copy."""
         seqs = [s for s in group.seqs if s.seq_id in self.tables]
         layouts = [self.tables[s.seq_id][0] for s in seqs]
         held = [self.tables.pop(s.seq_id)[1] for s in seqs]

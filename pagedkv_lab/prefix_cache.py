@@ -165,7 +165,7 @@ class PrefixCachingBlockManager(BlockManager):
         self.stats.evictions += 1
 
     def _keys(self, seq: Sequence, n: int) -> list[int]:
-        """Keys of ``seq``'s first ``n`` full blocks (memoised: a prefix never changes)."""
+        """Keys of ``seq``'s first ``n`` full blocks (memoised: a prefix is fixed)."""
         keys = self._key_memo.setdefault(seq.seq_id, [])
         bs, salt = self.block_size, getattr(seq, "cache_salt", None)
         for i in range(len(keys), n):
@@ -174,7 +174,7 @@ class PrefixCachingBlockManager(BlockManager):
         return keys[:n]
 
     def _match(self, seq: Sequence, limit: int) -> list[CachedBlock]:
-        """The registered blocks holding ``seq``'s first tokens, fewer than ``limit``."""
+        """Registered blocks holding ``seq``'s first tokens (fewer than ``limit``)."""
         bs, hits, parent = self.block_size, [], None
         for i, key in enumerate(self._keys(seq, (limit - 1) // bs)):
             entry = self.by_key.get(key)

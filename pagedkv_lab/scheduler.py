@@ -39,7 +39,7 @@ class SequenceGroup:
 
     @property
     def max_running_seqs(self) -> int:
-        """How many sequences the group may run at once (counts against max_num_seqs)."""
+        """Sequences the group may run at once (they count against max_num_seqs)."""
         return len(self.running_seqs)
 
     @property

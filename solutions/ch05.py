@@ -9,7 +9,7 @@ def positions_for(num_computed: int, num_new: int) -> list[int]:
 
 
 def logits_rows(query_lens: list[int]) -> list[int]:
-    """Each sequence's last token sits at the running total of query lengths, minus one."""
+    """A sequence's last token sits at the running total of query lengths, minus 1."""
     return [end - 1 for end in accumulate(query_lens)]
 
 

@@ -12,7 +12,7 @@ def static_steps(output_lens: list[int], batch_size: int) -> int:
 
 
 def continuous_steps(output_lens: list[int], batch_size: int) -> int:
-    """Each request takes the slot that frees first; the last one to end sets the total."""
+    """Each request takes the slot that frees first; the last to end sets the total."""
     free_at = [0] * batch_size
     for n in output_lens:
         heapq.heappush(free_at, heapq.heappop(free_at) + n)

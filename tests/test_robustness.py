@@ -151,7 +151,7 @@ def test_request_checks_that_need_the_engine():
     llm = _llm(num_blocks=16, block_size=4)
     for params, message in [
         (SamplingParams(stop_token_ids=[999]), r"stop token ids \[999\]"),
-        (SamplingParams(n=2, max_tokens=100), "may need 32 blocks"),
+        (SamplingParams(n=2, max_tokens=100), "may need 32 KV blocks"),
         (SamplingParams(n=300, max_tokens=1), "asks for 300 sequences"),
     ]:
         with pytest.raises(ValueError, match=message):
