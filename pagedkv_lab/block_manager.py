@@ -9,28 +9,20 @@ from .engine import Sequence
 from .paging import BlockAllocator, BlockTable, OutOfBlocksError
 
 
-class BlockManager:
-    """Owns the pool of KV blocks and answers the scheduler's questions.
+class BlockSpaceManager:
+    """Owns the pool of KV blocks and every sequence's table; no sharing yet.
 
     The verbs are vLLM's: `can_allocate` / `allocate` admit a sequence,
     `can_append_slots` / `append_slots` make room for the tokens a step
-    computes, `fork` shares a sequence's blocks with a new one, `free` gives a
-    sequence's blocks back. A block's reference count is the number of block
-    tables holding it; a sequence about to write into a block that others hold
-    gets its own copy first (copy-on-write). The copies of a step are collected
-    here and handed to the model runner by `take_copies`.
-
-    Chapter 08 subclasses it to keep freed blocks as a prefix cache, through
-    the hooks `num_cached_tokens`, `cache_blocks` and `_free_order`.
+    computes, `free` gives a sequence's blocks back. Chapter 08 keeps freed
+    blocks as a prefix cache through the hooks `num_cached_tokens`,
+    `cache_blocks` and `_free_order`.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
         self.allocator = BlockAllocator(num_blocks, block_size)
         self.block_size = block_size
         self.num_blocks = num_blocks
-        # This step's copies, destination -> source.
-        self._copies: dict[int, int] = {}
-        self.num_copies = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -44,14 +36,13 @@ class BlockManager:
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    # Hooks for chapter 08 ----------------------------------------------------
     def num_cached_tokens(self, seq: Sequence, limit: int) -> int:
         """Leading tokens of ``seq`` (fewer than ``limit``) whose K/V the pool
-        already holds: none without a prefix cache."""
+        already holds: none without a prefix cache (chapter 08)."""
         return 0
 
     def cache_blocks(self, seq: Sequence) -> None:
-        """Called once ``seq``'s computed tokens have K/V (nothing to do here)."""
+        """Called once ``seq``'s computed tokens have K/V (chapter 08)."""
 
     def _take_block(self) -> int:
         return self.allocator.allocate()
@@ -59,7 +50,10 @@ class BlockManager:
     def _drop_block(self, block: int) -> None:
         self.allocator.free(block)
 
-    # Admission ---------------------------------------------------------------
+    def _free_order(self, blocks: list[int]):
+        """The order a sequence's blocks are released in: last block first."""
+        return reversed(blocks)
+
     def can_allocate(
         self,
         seq: Sequence,
@@ -90,68 +84,45 @@ class BlockManager:
         seq.block_table.blocks = [self._take_block() for _ in range(reserved)]
         self.append_slots(seq, num_new_tokens)
 
-    # Growth ------------------------------------------------------------------
     def _written(self, seq: Sequence, num_new_tokens: int) -> tuple[range, int]:
-        """Indices of ``seq``'s existing blocks its next ``num_new_tokens`` land
-        in, and how many blocks past the end they need."""
+        """Indices of ``seq``'s blocks its next ``num_new_tokens`` land in, and
+        how many new blocks past the end they need."""
         first = seq.num_computed_tokens
         end = self._blocks_for(first + num_new_tokens)
         held = len(seq.block_table.blocks)
         return range(first // self.block_size, min(held, end)), max(0, end - held)
 
-    def _slots_needed(self, seq: Sequence, num_new_tokens: int) -> tuple[int, int]:
-        """(new blocks, copies) for ``seq`` to write its next ``num_new_tokens``."""
-        written, new = self._written(seq, num_new_tokens)
-        table = seq.block_table.blocks
-        return new, sum(self.ref_counts[table[i]] > 1 for i in written)
+    def _copies_needed(self, seq: Sequence, written: range) -> int:
+        """Blocks to copy before writing (none while nothing is shared)."""
+        return 0
+
+    def _make_writable(self, seq: Sequence, written: range) -> None:
+        """Prepare the blocks ``seq`` writes into (nothing to do without sharing)."""
 
     def blocks_to_append(self, work: list[tuple[Sequence, int]]) -> int:
         """Blocks a step takes: new ones past each table's end, plus copies."""
-        return sum(sum(self._slots_needed(seq, n)) for seq, n in work)
+        total = 0
+        for seq, n in work:
+            written, new = self._written(seq, n)
+            total += new + self._copies_needed(seq, written)
+        return total
 
     def can_append_slots(self, work: list[tuple[Sequence, int]]) -> bool:
         """Whether every ``(sequence, new tokens)`` of ``work`` can get its slots."""
         return self.blocks_to_append(work) <= self.num_free_blocks
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Make ``seq``'s next ``num_new_tokens`` writable: copy the shared blocks
-        they land in (copy-on-write), then add blocks past the end."""
-        new, copies = self._slots_needed(seq, num_new_tokens)
-        if new + copies > self.num_free_blocks:
+        """Make ``seq``'s next ``num_new_tokens`` writable, growing its table."""
+        written, new = self._written(seq, num_new_tokens)
+        if new + self._copies_needed(seq, written) > self.num_free_blocks:
             raise OutOfBlocksError(
-                f"{new + copies} blocks needed, {self.num_free_blocks} free; "
-                "ask can_append_slots first"
+                f"{num_new_tokens} tokens need more than the {self.num_free_blocks} "
+                "free blocks; ask can_append_slots first"
             )
-        table = seq.block_table
-        written, _ = self._written(seq, num_new_tokens)
-        for i in written:
-            old = table.blocks[i]
-            if self.ref_counts[old] > 1:
-                table.blocks[i] = self._take_block()
-                self._copies[table.blocks[i]] = old
-                self._drop_block(old)
-        table.blocks += [self._take_block() for _ in range(new)]
+        self._make_writable(seq, written)
+        seq.block_table.blocks += [self._take_block() for _ in range(new)]
         last = seq.num_computed_tokens + num_new_tokens
-        table.num_tokens = max(table.num_tokens, last)
-
-    # Sharing -----------------------------------------------------------------
-    def fork(
-        self, parent: Sequence, child: Sequence, num_tokens: int | None = None
-    ) -> None:
-        """Let ``child`` read ``parent``'s blocks (those holding its first
-        ``num_tokens`` tokens, default all): no K/V is copied, only counts."""
-        assert child.block_table is None, f"sequence {child.seq_id} already has blocks"
-        held = parent.block_table.num_tokens if num_tokens is None else num_tokens
-        table = BlockTable(self.allocator)
-        table.blocks = parent.block_table.blocks[: self._blocks_for(held)]
-        table.num_tokens = held
-        for block in table.blocks:
-            self.allocator.incref(block)
-        child.block_table = table
-
-    def _free_order(self, blocks: list[int]):
-        """The order a sequence's blocks are released in: last block first."""
-        return reversed(blocks)
+        seq.block_table.num_tokens = max(seq.block_table.num_tokens, last)
 
     def free(self, seq: Sequence) -> None:
         """Drop ``seq``'s references; a block is free when none is left."""
@@ -160,12 +131,76 @@ class BlockManager:
         for block in self._free_order(seq.block_table.blocks):
             self._drop_block(block)
         seq.block_table = None
+
+
+class BlockManager(BlockSpaceManager):
+    """A `BlockSpaceManager` whose sequences share blocks.
+
+    A block's reference count is the number of block tables holding it.
+    `fork` gives a new sequence the blocks of another, with no K/V copied.
+    A sequence about to write into a block that others also hold gets its own
+    copy first (copy-on-write); the copies of a step are collected here and
+    handed to the model runner by `take_copies`, to run in one batched call
+    before the forward pass. With ``eager_fork_copy`` a fork copies the
+    parent's partial last block at once instead (transformers' way), for
+    comparison.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, eager_fork_copy=False):
+        super().__init__(num_blocks, block_size)
+        self.eager_fork_copy = eager_fork_copy
+        # This step's copies, destination -> source.
+        self._copies: dict[int, int] = {}
+        self.num_copies = 0
+
+    def _copies_needed(self, seq: Sequence, written: range) -> int:
+        table = seq.block_table.blocks
+        return sum(self.ref_counts[table[i]] > 1 for i in written)
+
+    def _copy(self, table: BlockTable, i: int) -> None:
+        """Give ``table`` its own copy of its ``i``-th block."""
+        old = table.blocks[i]
+        table.blocks[i] = self._take_block()
+        self._copies[table.blocks[i]] = old
+        self._drop_block(old)
+
+    def _make_writable(self, seq: Sequence, written: range) -> None:
+        for i in written:
+            if self.ref_counts[seq.block_table.blocks[i]] > 1:
+                self._copy(seq.block_table, i)
+
+    def fork(
+        self, parent: Sequence, child: Sequence, num_tokens: int | None = None
+    ) -> None:
+        """Let ``child`` read ``parent``'s blocks (those holding its first
+        ``num_tokens`` tokens, default all): no K/V is copied, only counts."""
+        assert child.block_table is None, f"sequence {child.seq_id} has blocks"
+        held = parent.block_table.num_tokens if num_tokens is None else num_tokens
+        table = BlockTable(self.allocator)
+        table.blocks = parent.block_table.blocks[: self._blocks_for(held)]
+        table.num_tokens = held
+        for block in table.blocks:
+            self.allocator.incref(block)
+        child.block_table = table
+        if self.eager_fork_copy and held % self.block_size:
+            self._copy(table, len(table.blocks) - 1)
+
+    def free(self, seq: Sequence) -> None:
+        super().free(seq)
         # A pending copy into a block that is free again must not run.
         for dst in [d for d in self._copies if self.ref_counts[d] == 0]:
             del self._copies[dst]
 
+    def take_copies(self) -> list[tuple[int, int]]:
+        """This step's ``(src, dst)`` copies, for the model runner; clears them."""
+        copies = [(src, dst) for dst, src in self._copies.items()]
+        self._copies.clear()
+        self.num_copies += len(copies)
+        return copies
+
     def content_source(self, block: int) -> int:
-        """The block holding what ``block`` will hold once this step's copies ran."""
+        """The block holding what ``block`` will hold once this step's copies
+        ran (chapter 09 swaps out from it)."""
         return self._copies.get(block, block)
 
     def allocate_tables(
@@ -176,7 +211,7 @@ class BlockManager:
         sequences back this way). Returns layout entry -> new block."""
         new: dict[int, int] = {}
         for seq, layout, n in zip(seqs, layouts, num_tokens):
-            assert seq.block_table is None, f"sequence {seq.seq_id} already has blocks"
+            assert seq.block_table is None, f"sequence {seq.seq_id} has blocks"
             table = BlockTable(self.allocator)
             for old in layout:
                 if old in new:
@@ -187,10 +222,3 @@ class BlockManager:
             table.num_tokens = n
             seq.block_table = table
         return new
-
-    def take_copies(self) -> list[tuple[int, int]]:
-        """This step's ``(src, dst)`` copies, for the model runner; clears them."""
-        copies = [(src, dst) for dst, src in self._copies.items()]
-        self._copies.clear()
-        self.num_copies += len(copies)
-        return copies

@@ -22,6 +22,8 @@ from .engine import (
     _check_int,
 )
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
+
+
 @dataclass
 class RequestMetrics:
     """Times in seconds since the engine started."""

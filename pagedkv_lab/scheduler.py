@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .engine import Sequence, sample, token_logprobs
+
+
 class SequenceGroup:
     """A request: the sequences generated from one prompt.
 
