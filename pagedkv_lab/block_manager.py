@@ -142,8 +142,8 @@ class BlockManager(BlockSpaceManager):
     copy first (copy-on-write); the copies of a step are collected here and
     handed to the model runner by `take_copies`, to run in one batched call
     before the forward pass. With ``eager_fork_copy`` a fork copies the
-    parent's partial last block at once instead (transformers' way), for
-    comparison.
+    parent's partial last block at once, when a block is free (transformers'
+    way), for comparison.
     """
 
     def __init__(self, num_blocks: int, block_size: int, eager_fork_copy=False):
@@ -182,7 +182,8 @@ class BlockManager(BlockSpaceManager):
         for block in table.blocks:
             self.allocator.incref(block)
         child.block_table = table
-        if self.eager_fork_copy and held % self.block_size:
+        eager = self.eager_fork_copy and self.num_free_blocks > 0
+        if eager and held % self.block_size:
             self._copy(table, len(table.blocks) - 1)
 
     def free(self, seq: Sequence) -> None:

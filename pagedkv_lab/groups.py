@@ -39,6 +39,12 @@ class ForkingGroup(SequenceGroup):
         live = self.running_seqs
         return self.prompt_len if self._unforked else live[0].num_tokens
 
+    def resume_blocks(self, block_size: int) -> int:
+        """Blocks the sequences that fork again after a recompute will need:
+        their own tokens, from their copy of the prompt's partial block on."""
+        shared = self.prompt_len // block_size
+        return sum(-(-s.num_tokens // block_size) - shared for s in self._unforked)
+
     def work(self, budget: int, block_manager) -> list[tuple[Sequence, int]]:
         live = self.running_seqs
         leader = live[0]

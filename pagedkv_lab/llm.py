@@ -94,6 +94,7 @@ class RequestOutput:
     def finish_reason(self) -> str:
         return self.outputs[0].finish_reason
 
+
 @dataclass
 class EngineStats:
     """Counters over the engine's life."""
@@ -106,6 +107,12 @@ class EngineStats:
     peak_blocks_used: int = 0
     # Sum over steps of (tokens with K/V) / (slots in blocks held).
     utilization_sum: float = 0.0
+    # Sums over steps of the blocks held, and of what running sequences would
+    # hold if none shared a block (chapter 07's memory saving).
+    blocks_held_sum: int = 0
+    blocks_unshared_sum: int = 0
+    # Tokens whose K/V the forward passes computed (prefill and decode).
+    tokens_computed: int = 0
     block_copies: int = 0
     errors: int = 0
     aborts: int = 0
@@ -114,6 +121,14 @@ class EngineStats:
     def mean_utilization(self) -> float:
         """Mean share of allocated block slots that hold a token's K/V."""
         return self.utilization_sum / self.steps if self.steps else 0.0
+
+    @property
+    def sharing_saving(self) -> float:
+        """Blocks saved by sharing over blocks without sharing, over the run
+        (the vLLM paper's Figure 15 measure)."""
+        unshared = self.blocks_unshared_sum
+        return 1 - self.blocks_held_sum / unshared if unshared else 0.0
+
 
 def _is_token_id(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
@@ -145,6 +160,7 @@ def as_prompt_list(prompts) -> list:
     if prompts and all(_is_token_id(x) for x in prompts):
         return [prompts]
     return [p.tolist() if hasattr(p, "tolist") else p for p in prompts]
+
 
 class RequestIntake:
     """The door of the engine: every request is checked, completely, before
@@ -255,6 +271,7 @@ class RequestIntake:
         group.seqs[0].cache_salt = cache_salt
         return self._enqueue(group, text)
 
+
 class LLMEngine(RequestIntake):
     """The engine loop, vLLM's ``LLMEngine``: `add_request`, then `step` until
     done; `abort` stops a request. A failure inside a step ends the request
@@ -324,7 +341,7 @@ class LLMEngine(RequestIntake):
         free what finished. Returns the requests that finished (including those
         another caller's `generate` finished since the last `step`)."""
         outputs, self._unclaimed = self._unclaimed, []
-        plan = self.scheduler.schedule()
+        plan = self.last_plan = self.scheduler.schedule()
         if not plan.seqs:
             if self.scheduler.has_unfinished:
                 raise RuntimeError("nothing could be scheduled although work is left")
@@ -335,6 +352,9 @@ class LLMEngine(RequestIntake):
             self.swap_space.copy_in(self.runner.kv_cache, plan.swap_in)
         self.runner.kv_cache.copy_blocks(plan.block_copies)
         rows = self._forward(plan, outputs)
+        self.stats.tokens_computed += sum(
+            n for n, row in zip(plan.num_new_tokens, rows) if row is not None
+        )
         # A sequence samples when this step computes its last token; a chunk
         # of a longer prompt only advances.
         sampling: dict[SequenceGroup, list[int]] = {}
@@ -381,6 +401,10 @@ class LLMEngine(RequestIntake):
         s.block_copies = bm.num_copies
         s.peak_running = max(s.peak_running, len(seqs))
         s.peak_blocks_used = max(s.peak_blocks_used, held)
+        s.blocks_held_sum += held
+        s.blocks_unshared_sum += sum(
+            len(q.block_table.blocks) for q in seqs if q.block_table is not None
+        )
         if held:
             # Only a table's trailing blocks have empty slots; a shared block
             # is counted once (its holders see the same tokens in it).
@@ -413,6 +437,7 @@ class LLMEngine(RequestIntake):
         return RequestOutput(
             group.request_id, prompt, prompt_ids, outputs, metrics, error
         )
+
 
 class LLM(LLMEngine):
     """Serve a causal LM with a paged KV cache and continuous batching.
@@ -508,6 +533,8 @@ class LLM(LLMEngine):
         self.eos_token_ids = frozenset([eos] if _is_token_id(eos) else (eos or []))
         self.stats = EngineStats(num_blocks, block_size)
         self._unclaimed: list[RequestOutput] = []
+        # The plan of the latest step, for inspection.
+        self.last_plan: SchedulerOutput | None = None
         self._init_intake()
 
     @staticmethod

@@ -196,6 +196,7 @@ class PreemptionScheduler(Scheduler):
             if self.num_running_seqs + group.max_running_seqs > self.max_num_seqs:
                 break
             watermark = self.watermark_blocks if self.running else 0
+            watermark += group.resume_blocks(bm.block_size)
             if not self.swap_space.can_swap_in(group, bm, watermark):
                 break
             self.swapped.popleft()

@@ -49,6 +49,10 @@ class SequenceGroup:
         """Tokens its first sequence computes when the group is admitted (all)."""
         return self.seqs[0].num_tokens
 
+    def resume_blocks(self, block_size: int) -> int:
+        """Blocks its other sequences need to resume after admission (none here)."""
+        return 0
+
     def work(self, budget: int, block_manager) -> list[tuple[Sequence, int]]:
         """``(sequence, new tokens)`` to compute next, within ``budget`` tokens.
 
@@ -232,6 +236,9 @@ class Scheduler(SchedulerQueues):
             cached = bm.num_cached_tokens(seq, limit)
             n = min(limit - cached, budget)
             watermark = self.watermark_blocks if self.running else 0
+            # Admit a group only if all its sequences can resume, not just the
+            # first: otherwise it would be preempted again at once.
+            watermark += group.resume_blocks(bm.block_size)
             if not bm.can_allocate(seq, cached, n, watermark, self.reserve_tokens):
                 break
             self.waiting.popleft()

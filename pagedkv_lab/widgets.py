@@ -470,3 +470,145 @@ def paged_pool_viewer():
         control.observe(redraw, names="value")
     redraw()
     display(w.VBox([w.HBox([blocks, block_size, rate]), frame, out]))
+
+
+# Chapter 07: one prompt forking into beams ----------------------------------------
+
+
+def trace_beam_search(
+    prompt_len: int = 9,
+    beam_width: int = 4,
+    max_tokens: int = 8,
+    block_size: int = 4,
+    model: str = "tiny-llama",
+    seed: int = 0,
+) -> tuple[dict, ...]:
+    """Run one real beam search step by step and record its blocks.
+
+    Each frame is a dict: ``step``; ``beams``, a list of ``(seq_id, blocks,
+    tokens)`` for the running beams (their block tables in logical order and
+    how many tokens have K/V); ``refs``, block -> reference count;
+    ``copies``, the ``(src, dst)`` block copies the step made before its
+    forward pass; ``pruned``, the beams of the previous frame that are gone;
+    ``finished``, how many hypotheses have ended so far.
+    """
+    import torch
+
+    from .groups import BeamSearchGroup, BeamSearchParams
+    from .llm import LLM, RequestMetrics
+
+    llm = LLM(model, block_size=block_size, kv_cache_memory=2**20, seed=seed)
+    llm.eos_token_ids = frozenset()
+    g = torch.Generator().manual_seed(seed)
+    prompt = [1] + torch.randint(3, 259, (prompt_len - 1,), generator=g).tolist()
+    params = BeamSearchParams(beam_width=beam_width, max_tokens=max_tokens)
+    group = BeamSearchGroup(0, prompt, params)
+    llm._requests[0] = (group, None, RequestMetrics(0.0))
+    llm.scheduler.add(group)
+    frames, before = [], set()
+    step = 0
+    while llm.has_unfinished_requests():
+        llm.step()
+        beams = [
+            (s.seq_id, list(s.block_table.blocks), s.num_computed_tokens)
+            for s in group.running_seqs
+            if s.block_table is not None
+        ]
+        now = {b[0] for b in beams}
+        refs = llm.block_manager.ref_counts
+        frames.append(
+            {
+                "step": step,
+                "beams": beams,
+                "refs": {b: refs[b] for _, blocks, _ in beams for b in blocks},
+                "copies": list(llm.last_plan.block_copies),
+                "pruned": sorted(before - now),
+                "finished": len(group.finished),
+            }
+        )
+        before, step = now, step + 1
+    return tuple(frames)
+
+
+def draw_beam_frame(ax, frame: dict, block_size: int, width: int) -> None:
+    """One frame of `trace_beam_search`: a row per beam, its blocks left to right.
+
+    A block held by one beam is blue, one shared by several green; a block the
+    step just copied (copy-on-write) has a thick black outline.
+    """
+    copied = {dst for _, dst in frame["copies"]}
+    for row, (seq_id, blocks, tokens) in enumerate(frame["beams"]):
+        y = len(frame["beams"]) - 1 - row
+        for i, block in enumerate(blocks):
+            filled = min(block_size, max(0, tokens - i * block_size))
+            shared = frame["refs"][block] > 1
+            color = COLORS["shared"] if shared else COLORS["used"]
+            part = 0.92 * filled / block_size
+            ax.add_patch(plt.Rectangle((i, y), 0.92, 0.8, fc="white", ec=color))
+            ax.add_patch(plt.Rectangle((i, y), part, 0.8, fc=color, ec=color))
+            if block in copied:
+                ax.add_patch(
+                    plt.Rectangle((i, y), 0.92, 0.8, fill=False, ec="black", lw=2)
+                )
+            dark = filled > block_size / 2
+            ax.text(
+                i + 0.46,
+                y + 0.4,
+                str(block),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if dark else "#333333",
+            )
+        ax.text(-0.2, y + 0.4, f"beam {seq_id}", ha="right", va="center", fontsize=7)
+    ax.set_xlim(-2.2, width)
+    ax.set_ylim(-0.2, max(1, len(frame["beams"])))
+    ax.axis("off")
+
+
+def beam_legend_handles() -> list:
+    """Legend entries for `draw_beam_frame`."""
+    return [
+        Patch(fc=COLORS["used"], label="block held by one beam"),
+        Patch(fc=COLORS["shared"], label="block shared (ref > 1)"),
+        Patch(fc="white", ec="black", lw=2, label="copied this step"),
+    ]
+
+
+def beam_search_viewer():
+    """An ipywidgets viewer of `trace_beam_search`: step through the beams."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    width = w.IntSlider(4, min=2, max=8, description="beams")
+    block_size = w.Dropdown(options=[2, 4, 8], value=4, description="block size")
+    step = w.IntSlider(0, min=0, max=0, description="step")
+    out = w.Output()
+
+    def redraw(*_):
+        frames = trace_beam_search(beam_width=width.value, block_size=block_size.value)
+        step.max = len(frames) - 1
+        frame = frames[min(step.value, step.max)]
+        cols = max(len(b[1]) for f in frames for b in f["beams"]) + 1
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * width.value))
+            draw_beam_frame(ax, frame, block_size.value, cols)
+            ax.set_title(
+                f"step {frame['step']}: {len(frame['copies'])} copies, "
+                f"{len(frame['pruned'])} beams pruned, {frame['finished']} finished",
+                fontsize=10,
+            )
+            ax.legend(
+                handles=beam_legend_handles(),
+                loc="upper center",
+                bbox_to_anchor=(0.5, 0),
+                ncol=3,
+                fontsize=8,
+            )
+            plt.show()
+
+    for control in (width, block_size, step):
+        control.observe(redraw, names="value")
+    redraw()
+    display(w.VBox([w.HBox([width, block_size]), step, out]))
