@@ -132,7 +132,6 @@ class BlockSpaceManager:
             self._drop_block(block)
         seq.block_table = None
 
-
 class BlockManager(BlockSpaceManager):
     """A `BlockSpaceManager` whose sequences share blocks.
 

@@ -561,3 +561,88 @@ def check_demo_preemptions(fn: Callable) -> bool:
         "build the demo's Scheduler(BlockManager(10, 4), ..., watermark=watermark), "
         "serve the six requests and return scheduler.num_preemptions.",
     )
+
+
+# Chapter 07 -------------------------------------------------------------------
+
+
+def _fork_and_write(prompt_len: int, n: int, k: int, block_size: int):
+    """Drive a real BlockManager: allocate a prompt, fork it n - 1 times, then
+    let every sequence append k tokens. Returns (blocks held, copies made)."""
+    from .block_manager import BlockManager
+    from .engine import SamplingParams, Sequence
+
+    bm = BlockManager(4 * n * (prompt_len + k) // block_size + 8, block_size)
+    params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    parent = Sequence([1] * prompt_len, params)
+    bm.allocate(parent, 0, prompt_len)
+    parent.num_computed_tokens = prompt_len
+    family = [parent]
+    for _ in range(n - 1):
+        child = parent.fork()
+        bm.fork(parent, child)
+        family.append(child)
+    copies = 0
+    for _ in range(k):
+        for seq in family:
+            seq.token_ids.append(1)
+            bm.append_slots(seq, 1)
+            seq.num_computed_tokens += 1
+        copies += len(bm.take_copies())
+    return bm.num_blocks - bm.num_free_blocks, copies
+
+
+_FORK_CASES = [
+    (6, 4, 1, 4),
+    (8, 3, 2, 4),
+    (5, 2, 9, 4),
+    (500, 4, 100, 16),
+    (1, 8, 3, 16),
+]
+
+
+def check_blocks_after_fork(fn: Callable) -> bool:
+    """``fn(prompt_len, n, k, block_size) -> int``: distinct blocks held."""
+    cases = [
+        (
+            f"prompt {p}, n={n}, k={k}, block {bs}",
+            (p, n, k, bs),
+            _fork_and_write(p, n, k, bs)[0],
+        )
+        for p, n, k, bs in _FORK_CASES
+    ]
+    return _run(
+        "blocks_after_fork",
+        fn,
+        cases,
+        "full prompt blocks are shared; each sequence owns its copy of the partial "
+        "block plus its own tokens: prompt // bs + n * ceil((prompt % bs + k) / bs).",
+    )
+
+
+def check_copies_after_fork(fn: Callable) -> bool:
+    """``fn(prompt_len, n, block_size) -> int``: copies at the first writes."""
+    cases = [
+        (f"prompt {p}, n={n}, block {bs}", (p, n, bs), _fork_and_write(p, n, 1, bs)[1])
+        for p, n, _, bs in _FORK_CASES
+    ]
+    return _run(
+        "copies_after_fork",
+        fn,
+        cases,
+        "only a partial last block is written into; all holders but the last copy it.",
+    )
+
+
+def check_unshared_blocks(fn: Callable) -> bool:
+    """``fn(prompt_len, n, k, block_size) -> int``: blocks with no sharing."""
+    cases = [
+        (f"prompt {p}, n={n}, k={k}, block {bs}", (p, n, k, bs), n * -(-(p + k) // bs))
+        for p, n, k, bs in _FORK_CASES
+    ]
+    return _run(
+        "unshared_blocks",
+        fn,
+        cases,
+        "each of the n sequences holds ceil((prompt + k) / block_size) blocks.",
+    )

@@ -67,7 +67,6 @@ class ForkingGroup(SequenceGroup):
                 budget -= work[-1][1]
         return work
 
-
 class ParallelSamplingGroup(ForkingGroup):
     """``n`` samples of one prompt: prefilled once, forked at the first token.
 
@@ -96,7 +95,6 @@ class ParallelSamplingGroup(ForkingGroup):
             seqs = list(self.seqs)
             logits = logits.expand(len(seqs), -1)
         super().process(seqs, logits, eos_token_ids, max_model_len, block_manager)
-
 
 @dataclass
 class BeamSearchParams:
@@ -154,7 +152,6 @@ class BeamSearchOutput:
     request_id: int
     prompt_token_ids: list[int]
     sequences: list[BeamSearchSequence]
-
 
 class BeamSearchGroup(ForkingGroup):
     """Beam search inside the engine: beams share blocks through fork, a pruned

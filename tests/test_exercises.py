@@ -106,6 +106,24 @@ CASES = [
         lambda lens, b: sum(lens) // b,
     ),
     ("ch06", "demo_preemptions", exercises.check_demo_preemptions, lambda w: 2),
+    (
+        "ch07",
+        "blocks_after_fork",
+        exercises.check_blocks_after_fork,
+        lambda p, n, k, bs: -(-p // bs) + n * -(-k // bs),
+    ),
+    (
+        "ch07",
+        "copies_after_fork",
+        exercises.check_copies_after_fork,
+        lambda p, n, bs: n if p % bs else 0,
+    ),
+    (
+        "ch07",
+        "unshared_blocks",
+        exercises.check_unshared_blocks,
+        lambda p, n, k, bs: -(-(p + k) // bs),
+    ),
 ]
 
 
