@@ -25,7 +25,8 @@ ignored, prefix caching off, the same ``max_num_seqs`` and
 ``OMP_NUM_THREADS`` equal to this process's torch threads. Its CPU attention
 needs a block size that is a multiple of 32 (and a head_dim it has kernels for:
 ``small-llama`` works, ``tiny-llama``'s 16 does not); every size of
-``--vllm-block-sizes`` that fits becomes a row, so vLLM is shown at its best.
+``--vllm-block-sizes`` that fits, in each of ``--vllm-modes`` (eager, or
+vLLM's default torch.compile), becomes a row, so vLLM is shown at its best.
 """
 
 from __future__ import annotations
@@ -572,7 +573,9 @@ class _VLLMRunner:
         import subprocess
         from pathlib import Path
 
-        self.name, self.block_size = f"vllm-b{block_size}", block_size
+        # eager: vLLM's own kernels, no torch.compile ("-tc": with its default compile)
+        self.name = f"vllm-b{block_size}" + ("" if eager else "-tc")
+        self.block_size = block_size
         self._json = json
         env = {
             **os.environ,
@@ -656,8 +659,14 @@ def _save_for_vllm(model_name: str, directory: str) -> str:
 
     if model_name not in OFFLINE_MODELS:
         return model_name
+    from transformers.utils import logging as hf_logging
+
     model, tokenizer = load_model(model_name)
-    model.save_pretrained(directory)
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(directory)
+    finally:
+        hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(directory)
     return directory
 
@@ -739,7 +748,7 @@ def serve_benchmark(
     static_policy: str = "padded",
     vllm_python: str | None = None,
     vllm_block_sizes_to_try: tuple[int, ...] = (32, 64, 128),
-    vllm_eager: bool = False,
+    vllm_modes: tuple[str, ...] = ("eager",),
 ) -> tuple[list[dict], dict]:
     """Serve the same requests with each system, like for like; return summary rows and outputs.
 
@@ -753,7 +762,10 @@ def serve_benchmark(
     number of CPU threads. ``hf-generate`` runs static batches sized by the budget
     (`static_batches`, ``static_policy``). ``"vllm"`` runs vLLM in a subprocess (see
     `find_vllm_python`) at each block size of ``vllm_block_sizes_to_try`` that its
-    CPU backend accepts; each becomes a row ``vllm-b<size>``.
+    CPU backend accepts and in each of ``vllm_modes``: ``"eager"`` (row
+    ``vllm-b<size>``) and ``"compile"``, vLLM's default torch.compile (row
+    ``vllm-b<size>-tc``); on this course's 2-core CPU box eager ran 5-10x faster
+    than compiled, hence the default; try both on yours.
 
     The systems run ``repeats`` rounds, alternating their order (ABC, CBA, ABC...);
     a row holds medians over rounds, and ``ratio`` is the median over rounds of its
@@ -817,11 +829,21 @@ def serve_benchmark(
                     )
                 model_dir = _save_for_vllm(model_name, f"{tmp.name}/model")
                 for size in sizes:
-                    runners.append(
-                        _VLLMRunner(
-                            setup, python, size, model_dir, tmp.name, vllm_eager
+                    for mode in vllm_modes:
+                        if mode not in ("eager", "compile"):
+                            raise ValueError(
+                                f"vLLM mode {mode!r}: 'eager' or 'compile'"
+                            )
+                        runners.append(
+                            _VLLMRunner(
+                                setup,
+                                python,
+                                size,
+                                model_dir,
+                                tmp.name,
+                                eager=mode == "eager",
+                            )
                         )
-                    )
         for runner in runners:  # the same warm-up for every system
             runner.run(warm_prompts, warm_tokens)
         results: dict[str, list[dict]] = {r.name: [] for r in runners}
@@ -978,9 +1000,11 @@ def _add_serve_parser(sub) -> None:
     )
     sp.add_argument("--vllm-block-sizes", type=int, nargs="+", default=[32, 64, 128])
     sp.add_argument(
-        "--vllm-eager",
-        action="store_true",
-        help="run vLLM without torch.compile (faster start, slower steps)",
+        "--vllm-modes",
+        nargs="+",
+        choices=["eager", "compile"],
+        default=["eager"],
+        help="vLLM without torch.compile (eager) and/or with its default compile",
     )
     sp.add_argument("--plot", default=None, help="save the figure to this path")
     sp.add_argument("--device", default=None)
@@ -1031,7 +1055,7 @@ def _serve_main(args, device: torch.device) -> None:
         static_policy=args.static_policy,
         vllm_python=args.vllm_python,
         vllm_block_sizes_to_try=tuple(args.vllm_block_sizes),
-        vllm_eager=args.vllm_eager,
+        vllm_modes=tuple(args.vllm_modes),
     )
     title = serve_title(rows) + f", workload {args.workload} ({len(requests)} requests)"
     print_serve_table(rows, title)

@@ -209,7 +209,6 @@ def test_vllm_peer_gives_our_greedy_tokens_on_the_same_budget():
         budget_requests=2,
         systems=("pagedkv", "vllm"),
         vllm_block_sizes_to_try=(32,),
-        vllm_eager=True,
     )
     assert [r["system"] for r in rows] == ["pagedkv", "vllm-b32"]
     assert outputs["vllm-b32"] == outputs["pagedkv"]
