@@ -887,7 +887,7 @@ def print_serve_table(rows: list[dict], title: str | None = None) -> None:
     print(title or serve_title(rows))
     print(
         f"KV budget {r0['budget_kv_MiB']:.1f} MiB, {r0['repeats']} alternating "
-        f"round(s), ratio = tok/s over {r0['system']}'s in the same round"
+        f"round(s); ratio: tok/s over {r0['system']}'s, same round"
     )
     print(
         f"{'system':14} {'tok/s':>7} {'ratio':>6} {'req/s':>6} {'TTFT50':>7} "
@@ -899,7 +899,7 @@ def print_serve_table(rows: list[dict], title: str | None = None) -> None:
             f"{r['req_per_s']:6.2f} {r['ttft_p50']:7.2f} {r['ttft_p90']:7.2f} "
             f"{r['tpot_p50']:7.3f} {r['tpot_p90']:7.3f} {r['peak_kv_MiB']:11.1f}"
         )
-    print(textwrap.fill(PEAK_KV + ".", 88))
+    print(textwrap.fill(PEAK_KV + ".", 88, break_on_hyphens=False))
     for r in rows:
         if "batch_sizes" in r:
             sizes = r["batch_sizes"]
