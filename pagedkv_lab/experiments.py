@@ -1,8 +1,9 @@
 """The measurements chapters 07-11 show, as functions, so that chapter 11's
 claims audit re-runs exactly what the chapters ran.
 
-Each function serves real requests through the engine (offline models, any
-device) and returns plain numbers; none prints or plots.
+Each function serves real requests through the engine and returns plain
+numbers; none prints or plots. ``model`` is an offline model name or an already
+loaded ``(model, tokenizer)`` pair (faster when a sweep builds many engines).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def sharing_saving(
     n: int = 1,
     beam_width: int | None = None,
     block_size: int = 16,
-    model: str = "tiny-llama",
+    model="tiny-llama",
     device: str | None = None,
 ) -> dict:
     """Serve ``prompts`` with ``n`` samples each (or beam search of
@@ -47,7 +48,7 @@ def sharing_saving(
         model,
         block_size=block_size,
         kv_cache_memory=_bytes_for_tokens(model, 2 * width * total + 64 * block_size),
-        device=device,
+        device=None if isinstance(model, tuple) else device,
     )
     llm.eos_token_ids = frozenset()
     if beam_width:
@@ -68,11 +69,17 @@ def sharing_saving(
     }
 
 
-def _bytes_for_tokens(model: str, tokens: int) -> int:
+def _bytes_for_tokens(model, tokens: int) -> int:
+    """KV bytes of ``tokens`` for an offline model name or a loaded pair."""
     from .kvmath import KVSpec
     from .models import offline_config
 
-    return KVSpec.from_config(offline_config(model), torch.float32).bytes_for(tokens)
+    if isinstance(model, str):
+        return KVSpec.from_config(offline_config(model), torch.float32).bytes_for(
+            tokens
+        )
+    loaded = model[0]
+    return KVSpec.from_config(loaded.config, loaded.dtype).bytes_for(tokens)
 
 
 SHARING_DESIGNS = ("no sharing", "eager tail copy", "lazy copy-on-write")
@@ -85,7 +92,7 @@ def sharing_designs(
     kv_tokens: int,
     *,
     block_size: int = 16,
-    model: str = "tiny-llama",
+    model="tiny-llama",
     device: str | None = None,
 ) -> list[dict]:
     """Serve ``n`` samples of each prompt three ways in one engine, under a KV
@@ -108,7 +115,7 @@ def sharing_designs(
             block_size=block_size,
             kv_cache_memory=_bytes_for_tokens(model, kv_tokens),
             max_model_len=min(kv_tokens, 2048),
-            device=device,
+            device=None if isinstance(model, tuple) else device,
         )
         llm.eos_token_ids = frozenset()
         llm.block_manager.eager_fork_copy = design == "eager tail copy"
@@ -149,6 +156,7 @@ def sharing_designs(
                 "tokens_computed": s.tokens_computed,
                 "steps": s.steps,
                 "preemptions": s.preemptions,
+                "recomputed": llm.scheduler.num_recomputed_tokens,
                 "seconds": seconds,
                 "tokens": tokens,
             }

@@ -273,6 +273,10 @@ class LLMEngine(RequestIntake):
     done; `abort` stops a request. A failure inside a step ends the request
     that caused it (``finish_reason="error"``) and nothing else."""
 
+    def reset_stats(self) -> None:
+        """Start `stats` afresh (e.g. after a warm-up)."""
+        self.stats = EngineStats(self.stats.num_blocks, self.stats.block_size)
+
     def has_unfinished_requests(self) -> bool:
         """Whether `step` has anything left to return: requests in flight, or
         outputs another caller's `generate` finished for you."""

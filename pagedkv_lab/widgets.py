@@ -507,10 +507,17 @@ def trace_beam_search(
     llm.scheduler.add(group)
     frames, before = [], set()
     step = 0
+    # Beams numbered 0, 1, 2... in order of appearance (sequence ids depend on
+    # whatever ran before).
+    names: dict[int, int] = {}
     while llm.has_unfinished_requests():
         llm.step()
         beams = [
-            (s.seq_id, list(s.block_table.blocks), s.num_computed_tokens)
+            (
+                names.setdefault(s.seq_id, len(names)),
+                list(s.block_table.blocks),
+                s.num_computed_tokens,
+            )
             for s in group.running_seqs
             if s.block_table is not None
         ]
