@@ -162,3 +162,161 @@ def sharing_designs(
             }
         )
     return rows
+
+
+# Chapter 08: prefix caching ----------------------------------------------------------
+
+PREFIX_CACHES = ("lru tail-first", "lru head-first", "fifo", "evict-all", "radix tree")
+REQUEST_ORDERS = ("fcfs", "longest prefix first", "sorted")
+
+
+def _block_cache(kind: str, capacity_tokens: int, block_size: int):
+    from .prefix_cache import PrefixCachingBlockManager
+
+    policy = {"fifo": "fifo", "evict-all": "evict-all"}.get(kind, "lru")
+    order = "head-first" if kind == "lru head-first" else "tail-first"
+    return PrefixCachingBlockManager(
+        capacity_tokens // block_size, block_size, policy=policy, free_order=order
+    )
+
+
+def _next_request(waiting: list, order: str, hit_of) -> int:
+    """Index of the waiting request to admit next."""
+    if order == "longest prefix first":
+        return max(range(len(waiting)), key=lambda i: (hit_of(waiting[i]), -i))
+    return 0
+
+
+def prefix_cache_run(
+    requests: list,
+    capacity_tokens: int,
+    *,
+    cache: str = "lru tail-first",
+    block_size: int = 16,
+    concurrency: int = 4,
+    order: str = "fcfs",
+) -> dict:
+    """Serve token requests (`workloads.TokenRequest`) through a prefix cache of
+    ``capacity_tokens`` tokens, without a model: each request's prompt is
+    matched, its tokens are computed and cached, and it stays running (its
+    blocks held) until ``concurrency`` newer requests run. Hits are prompt
+    tokens found in the cache (never a prompt's last token).
+
+    ``cache`` is one of `PREFIX_CACHES`; ``order`` one of `REQUEST_ORDERS`
+    (``"sorted"`` serves requests in lexicographic order of their tokens, a
+    depth-first walk of the prefix tree).
+    """
+    from collections import deque
+
+    from .engine import SamplingParams, Sequence
+    from .prefix_cache import RadixCache
+
+    waiting = list(requests)
+    if order == "sorted":
+        waiting.sort(key=lambda r: r.prompt)
+    params = SamplingParams(max_tokens=1 << 30, ignore_eos=True)
+    queries = hits = 0
+    running: deque = deque()
+    lookup = 0.0
+    if cache == "radix tree":
+        tree = RadixCache(capacity_tokens)
+
+        def hit_of(r):
+            return min(tree.match(r.prompt)[0], len(r.prompt) - 1)
+
+        while waiting:
+            req = waiting.pop(_next_request(waiting, order, hit_of))
+            t0 = time.perf_counter()
+            hit = hit_of(req)
+            lookup += time.perf_counter() - t0
+            tokens = req.prompt + req.output
+            new = len(tokens) - tree.match(tokens)[0]
+            while tree.size + new > capacity_tokens:
+                if tree.evict(tree.size + new - capacity_tokens) == 0:
+                    if not running:
+                        raise ValueError("a request is larger than the cache")
+                    tree.unlock(running.popleft())
+            queries, hits = queries + len(req.prompt), hits + hit
+            node = tree.insert(tokens)
+            tree.lock(node)
+            running.append(node)
+            if len(running) > concurrency:
+                tree.unlock(running.popleft())
+        return {
+            "hit_rate": hits / queries,
+            "hits": hits,
+            "queries": queries,
+            "index_entries": tree.num_nodes,
+            "index_tokens": tree.size,
+            "lookup_us": 1e6 * lookup / len(requests),
+        }
+    bm = _block_cache(cache, capacity_tokens, block_size)
+
+    def seq_of(r):
+        seq = Sequence(r.prompt + r.output, params)
+        seq.num_prompt_tokens = len(r.prompt)
+        return seq
+
+    def hit_of(r):
+        return bm.num_cached_tokens(seq_of(r), len(r.prompt))
+
+    while waiting:
+        req = waiting.pop(_next_request(waiting, order, hit_of))
+        seq = seq_of(req)
+        t0 = time.perf_counter()
+        cached = bm.num_cached_tokens(seq, len(req.prompt))
+        lookup += time.perf_counter() - t0
+        while not bm.can_allocate(seq, cached, seq.num_tokens - cached):
+            if not running:
+                raise ValueError("a request is larger than the cache")
+            bm.free(running.popleft())
+            cached = bm.num_cached_tokens(seq, len(req.prompt))
+        queries, hits = queries + len(req.prompt), hits + cached
+        bm.allocate(seq, cached, seq.num_tokens - cached)
+        seq.num_computed_tokens = seq.num_tokens
+        bm.cache_blocks(seq)
+        running.append(seq)
+        if len(running) > concurrency:
+            bm.free(running.popleft())
+    for seq in running:
+        bm.free(seq)
+    return {
+        "hit_rate": hits / queries,
+        "hits": hits,
+        "queries": queries,
+        "evictions": bm.stats.evictions,
+        "index_entries": len(bm.by_key),
+        "index_tokens": len(bm.by_key) * block_size,
+        "lookup_us": 1e6 * lookup / len(requests),
+    }
+
+
+def distinct_prompt_blocks(requests: list, block_size: int) -> int:
+    """Distinct full blocks (by prefix) across all requests' tokens: the cache
+    capacity that holds everything."""
+    seen = set()
+    for r in requests:
+        tokens = r.prompt + r.output
+        for i in range(len(tokens) // block_size):
+            seen.add(tuple(tokens[: (i + 1) * block_size]))
+    return len(seen)
+
+
+def shared_prefix_memory(requests: list, block_size: int = 16) -> dict:
+    """All ``requests`` running at once, their prompts' K/V in the pool: blocks
+    with prefix caching (the shared prefix stored once; requests admitted one
+    after another, so each finds the earlier ones' blocks) and without."""
+    from .engine import SamplingParams, Sequence
+    from .prefix_cache import PrefixCachingBlockManager
+
+    need = sum(-(-len(r.prompt) // block_size) for r in requests)
+    bm = PrefixCachingBlockManager(need, block_size)
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    for r in requests:
+        seq = Sequence(r.prompt, params)
+        cached = bm.num_cached_tokens(seq, len(r.prompt))
+        bm.allocate(seq, cached, len(r.prompt) - cached)
+        seq.num_computed_tokens = len(r.prompt)
+        bm.cache_blocks(seq)
+    held = bm.num_blocks - bm.num_free_blocks
+    return {"with": held, "without": need, "saved": 1 - held / need}

@@ -94,6 +94,7 @@ class RequestOutput:
     def finish_reason(self) -> str:
         return self.outputs[0].finish_reason
 
+
 @dataclass
 class EngineStats:
     """Counters over the engine's life."""
@@ -128,6 +129,7 @@ class EngineStats:
         unshared = self.blocks_unshared_sum
         return 1 - self.blocks_held_sum / unshared if unshared else 0.0
 
+
 def _is_token_id(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -158,6 +160,7 @@ def as_prompt_list(prompts) -> list:
     if prompts and all(_is_token_id(x) for x in prompts):
         return [prompts]
     return [p.tolist() if hasattr(p, "tolist") else p for p in prompts]
+
 
 class RequestIntake:
     """The door of the engine: every request is checked, completely, before
@@ -267,6 +270,7 @@ class RequestIntake:
         group = self._new_group(token_ids, params)
         group.seqs[0].cache_salt = cache_salt
         return self._enqueue(group, text)
+
 
 class LLMEngine(RequestIntake):
     """The engine loop, vLLM's ``LLMEngine``: `add_request`, then `step` until
@@ -438,6 +442,7 @@ class LLMEngine(RequestIntake):
             group.request_id, prompt, prompt_ids, outputs, metrics, error
         )
 
+
 class LLM(LLMEngine):
     """Serve a causal LM with a paged KV cache and continuous batching.
 
@@ -457,6 +462,8 @@ class LLM(LLMEngine):
     later recomputes its K/V, or with ``preemption_mode="swap"`` its blocks go
     to ``swap_space`` bytes of CPU memory and come back (chapter 09).
     ``watermark`` is the share of blocks kept free when admitting a request.
+    ``block_manager`` replaces the default one (to compare designs; it must
+    match the pool's blocks and block size).
     """
 
     def __init__(
@@ -477,6 +484,7 @@ class LLM(LLMEngine):
         preemption_mode: str = "recompute",
         swap_space: int = 0,
         victim: str = "newest",
+        block_manager: BlockManager | None = None,
     ):
         _check_int("block_size", block_size, 1)
         _check_int("max_num_seqs", max_num_seqs, 1)
@@ -498,7 +506,18 @@ class LLM(LLMEngine):
             )
         self.max_model_len = max_model_len
         self.runner = ModelRunner(self.model, num_blocks, block_size, max_model_len)
-        if enable_prefix_caching:
+        if block_manager is not None:
+            if (block_manager.num_blocks, block_manager.block_size) != (
+                num_blocks,
+                block_size,
+            ):
+                raise ValueError(
+                    f"block_manager has {block_manager.num_blocks} blocks of "
+                    f"{block_manager.block_size}; the pool has {num_blocks} of "
+                    f"{block_size}"
+                )
+            self.block_manager = block_manager
+        elif enable_prefix_caching:
             from .prefix_cache import PrefixCachingBlockManager
 
             self.block_manager = PrefixCachingBlockManager(num_blocks, block_size)

@@ -6,6 +6,7 @@ starts the same way."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
@@ -124,15 +125,99 @@ class CachingBlockAllocator(BlockAllocator):
             self.free_list.append(block)
 
 
+class PrefixIndex:
+    """The prefix cache's lookup table: chained keys of full blocks, and the
+    registered block behind each key.
+
+    For each sequence it remembers the keys of its full blocks (a prefix never
+    changes) and its *chain*, the entry each full block's content matches, so
+    that matching and registering cost only the blocks not seen yet. A hit is
+    verified against the block's tokens and its parent's entry unless ``verify``
+    is off: the key only finds a candidate.
+    """
+
+    def __init__(self, block_size: int, hash_fn: Callable = chained_hash, verify=True):
+        self.block_size, self.hash_fn, self.verify = block_size, hash_fn, verify
+        self.by_key: dict[int, CachedBlock] = {}
+        self._entries = itertools.count()
+        self._keys: dict[int, list[int]] = {}
+        self._chains: dict[int, list[int]] = {}
+
+    def keys(self, seq: Sequence, n: int) -> list[int]:
+        """Keys of ``seq``'s first ``n`` full blocks."""
+        keys = self._keys.setdefault(seq.seq_id, [])
+        bs, salt = self.block_size, getattr(seq, "cache_salt", None)
+        for i in range(len(keys), n):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            keys.append(self.hash_fn(keys[-1] if keys else None, tokens, salt))
+        return keys[:n]
+
+    def match(self, seq: Sequence, limit: int) -> list[CachedBlock]:
+        """Registered blocks holding ``seq``'s first tokens (fewer than ``limit``)."""
+        bs, hits, parent = self.block_size, [], None
+        for i, key in enumerate(self.keys(seq, (limit - 1) // bs)):
+            entry = self.by_key.get(key)
+            if entry is None:
+                break
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            if self.verify and (entry.tokens != tokens or entry.parent != parent):
+                break
+            hits.append(entry)
+            parent = entry.entry
+        return hits
+
+    def start(self, seq: Sequence, hits: list[CachedBlock]) -> None:
+        """``seq`` begins with the blocks of ``hits``."""
+        self._chains[seq.seq_id] = [e.entry for e in hits]
+
+    def follow(self, parent: Sequence, child: Sequence, num_full: int) -> None:
+        """``child`` shares ``parent``'s first ``num_full`` full blocks (a fork)."""
+        self._chains[child.seq_id] = self._chains.get(parent.seq_id, [])[:num_full]
+
+    def register(self, seq: Sequence, blocks: list[int], taken) -> list[CachedBlock]:
+        """Index ``seq``'s computed full blocks not indexed yet; return the new
+        entries. ``taken(block)`` says whether a block already holds an entry."""
+        chain = self._chains.setdefault(seq.seq_id, [])
+        full = seq.num_computed_tokens // self.block_size
+        if full <= len(chain):
+            return []
+        bs, keys, new = self.block_size, self.keys(seq, full), []
+        for i in range(len(chain), full):
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            parent = chain[i - 1] if i else None
+            known = self.by_key.get(keys[i])
+            if known is not None and known.tokens == tokens and known.parent == parent:
+                # The same content is already cached in another block.
+                chain.append(known.entry)
+                continue
+            entry = CachedBlock(blocks[i], keys[i], next(self._entries), parent, tokens)
+            chain.append(entry.entry)
+            if known is None and not taken(blocks[i]):
+                self.by_key[keys[i]] = entry
+                new.append(entry)
+        return new
+
+    def forget(self, entry: CachedBlock) -> None:
+        """Drop an evicted block's entry."""
+        if self.by_key.get(entry.key) is entry:
+            del self.by_key[entry.key]
+
+    def drop(self, seq: Sequence) -> None:
+        """Forget a sequence that gave its blocks back."""
+        self._keys.pop(seq.seq_id, None)
+        self._chains.pop(seq.seq_id, None)
+
+
 class PrefixCachingBlockManager(BlockManager):
     """A `BlockManager` whose full blocks outlive their sequences as a cache.
 
-    A sequence's full, computed blocks are registered under chained keys
+    A sequence's full, computed blocks are registered in a `PrefixIndex`
     (`cache_blocks`); a new sequence reuses the longest registered prefix of
     its tokens (`num_cached_tokens`, `allocate`), always computing at least its
-    last token. ``free_order`` is the order a finished sequence's blocks join
-    the cached-free queue: ``"tail-first"`` (vLLM's: a request's last blocks,
-    least likely shared, are evicted first) or ``"head-first"``.
+    last token. Freed registered blocks wait in the `CachingBlockAllocator`'s
+    cached-free queue. ``free_order`` is the order a finished sequence's blocks
+    join it: ``"tail-first"`` (vLLM's: a request's last blocks, least likely
+    shared, are evicted first) or ``"head-first"``.
     """
 
     def __init__(
@@ -151,49 +236,24 @@ class PrefixCachingBlockManager(BlockManager):
         self.allocator = CachingBlockAllocator(num_blocks, block_size, policy)
         self.allocator.on_evict = self._forget
         self.free_order = free_order
-        self.hash_fn, self.verify = hash_fn, verify
-        self.by_key: dict[int, CachedBlock] = {}
-        self._entries = itertools.count()
-        # Per sequence: the entry each of its full blocks' content matches.
-        self._chains: dict[int, list[int]] = {}
-        self._key_memo: dict[int, list[int]] = {}
+        self.index = PrefixIndex(block_size, hash_fn, verify)
         self.stats = PrefixCacheStats()
 
+    @property
+    def by_key(self) -> dict[int, CachedBlock]:
+        return self.index.by_key
+
     def _forget(self, entry: CachedBlock) -> None:
-        if self.by_key.get(entry.key) is entry:
-            del self.by_key[entry.key]
+        self.index.forget(entry)
         self.stats.evictions += 1
 
-    def _keys(self, seq: Sequence, n: int) -> list[int]:
-        """Keys of ``seq``'s first ``n`` full blocks (memoised: a prefix is fixed)."""
-        keys = self._key_memo.setdefault(seq.seq_id, [])
-        bs, salt = self.block_size, getattr(seq, "cache_salt", None)
-        for i in range(len(keys), n):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            keys.append(self.hash_fn(keys[-1] if keys else None, tokens, salt))
-        return keys[:n]
-
-    def _match(self, seq: Sequence, limit: int) -> list[CachedBlock]:
-        """Registered blocks holding ``seq``'s first tokens (fewer than ``limit``)."""
-        bs, hits, parent = self.block_size, [], None
-        for i, key in enumerate(self._keys(seq, (limit - 1) // bs)):
-            entry = self.by_key.get(key)
-            if entry is None:
-                break
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            if self.verify and (entry.tokens != tokens or entry.parent != parent):
-                break
-            hits.append(entry)
-            parent = entry.entry
-        return hits
-
     def num_cached_tokens(self, seq: Sequence, limit: int) -> int:
-        return len(self._match(seq, limit)) * self.block_size
+        return len(self.index.match(seq, limit)) * self.block_size
 
     def can_allocate(
         self, seq, num_cached_tokens, num_new_tokens, watermark=0, reserve_tokens=0
     ):
-        hits = self._match(seq, num_cached_tokens + 1)
+        hits = self.index.match(seq, num_cached_tokens + 1)
         # Hit blocks in use cost nothing; cached-free ones leave the free count.
         revived = sum(self.ref_counts[e.block] == 0 for e in hits)
         tokens = max(num_cached_tokens + num_new_tokens, reserve_tokens)
@@ -202,7 +262,7 @@ class PrefixCachingBlockManager(BlockManager):
 
     def allocate(self, seq, num_cached_tokens, num_new_tokens, reserve_tokens=0):
         assert seq.block_table is None, f"sequence {seq.seq_id} already has blocks"
-        hits = self._match(seq, num_cached_tokens + 1)
+        hits = self.index.match(seq, num_cached_tokens + 1)
         assert len(hits) * self.block_size == num_cached_tokens
         for entry in hits:
             if self.ref_counts[entry.block] == 0:
@@ -211,53 +271,158 @@ class PrefixCachingBlockManager(BlockManager):
                 self.allocator.incref(entry.block)
         table = BlockTable(self.allocator)
         table.blocks = [e.block for e in hits]
-        table.num_tokens = num_cached_tokens
+        table.num_tokens = seq.num_computed_tokens = num_cached_tokens
         seq.block_table = table
-        seq.num_computed_tokens = num_cached_tokens
-        self._chains[seq.seq_id] = [e.entry for e in hits]
+        self.index.start(seq, hits)
         extra = self._blocks_for(reserve_tokens) - len(table.blocks)
         table.blocks += [self._take_block() for _ in range(max(0, extra))]
         self.append_slots(seq, num_new_tokens)
-        resumed = len(seq.output_token_ids) > 0
         s = self.stats
         s.queries += seq.num_tokens
         s.hits += num_cached_tokens
-        if resumed:
+        # A request that has output tokens was preempted: count it apart.
+        if seq.output_token_ids:
             s.resumed_queries += seq.num_tokens
             s.resumed_hits += num_cached_tokens
 
     def fork(self, parent, child, num_tokens=None):
         super().fork(parent, child, num_tokens)
         full = child.block_table.num_tokens // self.block_size
-        self._chains[child.seq_id] = self._chains.get(parent.seq_id, [])[:full]
+        self.index.follow(parent, child, full)
 
     def cache_blocks(self, seq: Sequence) -> None:
         """Register ``seq``'s newly full, computed blocks (never a block whose K/V
         are not all written: another request could read it too early)."""
-        chain = self._chains.setdefault(seq.seq_id, [])
-        full = seq.num_computed_tokens // self.block_size
-        if full <= len(chain):
-            return
-        bs, table = self.block_size, seq.block_table.blocks
-        keys = self._keys(seq, full)
-        for i in range(len(chain), full):
-            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            parent = chain[i - 1] if i else None
-            known = self.by_key.get(keys[i])
-            if known is not None and known.tokens == tokens and known.parent == parent:
-                # The same content is already cached in another block.
-                chain.append(known.entry)
-                continue
-            entry = CachedBlock(table[i], keys[i], next(self._entries), parent, tokens)
-            chain.append(entry.entry)
-            if known is None and table[i] not in self.allocator.cached:
-                self.by_key[keys[i]] = entry
-                self.allocator.cached[table[i]] = entry
+        cached = self.allocator.cached
+        for entry in self.index.register(
+            seq, seq.block_table.blocks, cached.__contains__
+        ):
+            cached[entry.block] = entry
 
     def _free_order(self, blocks: list[int]):
         return reversed(blocks) if self.free_order == "tail-first" else iter(blocks)
 
     def free(self, seq: Sequence) -> None:
-        self._chains.pop(seq.seq_id, None)
-        self._key_memo.pop(seq.seq_id, None)
+        self.index.drop(seq)
         super().free(seq)
+
+
+class RadixNode:
+    """A node of `RadixCache`: the tokens on the edge from its parent."""
+
+    __slots__ = ("children", "tokens", "parent", "lock", "last_access")
+
+    def __init__(self, tokens: tuple[int, ...] = (), parent: RadixNode | None = None):
+        self.children: dict[int, RadixNode] = {}
+        self.tokens = tokens
+        self.parent = parent
+        self.lock = 0
+        self.last_access = 0
+
+
+class RadixCache:
+    """Cached prefixes at token granularity, in a radix tree (SGLang's
+    RadixAttention, Zheng et al., 2024).
+
+    Every root-to-node path is a cached prefix; an edge holds a run of tokens.
+    A running request locks its path; when the cache is over ``capacity``
+    tokens, unlocked leaves go, least recently used first. Unlike block
+    hashing, a match can end anywhere, not only on a block boundary.
+    """
+
+    def __init__(self, capacity: int):
+        self.root = RadixNode()
+        self.capacity = capacity
+        self.size = 0  # tokens stored
+        self.num_nodes = 1
+        self._clock = itertools.count(1)
+
+    def _split(self, node: RadixNode, at: int) -> RadixNode:
+        """Split ``node``'s edge after ``at`` tokens; return the new upper node."""
+        upper = RadixNode(node.tokens[:at], node.parent)
+        upper.children[node.tokens[at]] = node
+        upper.lock, upper.last_access = node.lock, node.last_access
+        node.parent.children[node.tokens[0]] = upper
+        node.tokens, node.parent = node.tokens[at:], upper
+        self.num_nodes += 1
+        return upper
+
+    def match(self, tokens) -> tuple[int, RadixNode]:
+        """Length of the longest cached prefix of ``tokens``, and its node."""
+        node, i, now = self.root, 0, next(self._clock)
+        while i < len(tokens) and tokens[i] in node.children:
+            child = node.children[tokens[i]]
+            edge = child.tokens
+            common = 0
+            while (
+                common < len(edge)
+                and i + common < len(tokens)
+                and (edge[common] == tokens[i + common])
+            ):
+                common += 1
+            if common < len(edge):
+                child = self._split(child, common)
+            child.last_access = now
+            node, i = child, i + common
+        return i, node
+
+    def insert(self, tokens) -> RadixNode:
+        """Cache ``tokens`` (as a prefix); return the node that ends them."""
+        matched, node = self.match(tokens)
+        if matched < len(tokens):
+            leaf = RadixNode(tuple(tokens[matched:]), node)
+            leaf.last_access = next(self._clock)
+            node.children[tokens[matched]] = leaf
+            self.size += len(leaf.tokens)
+            self.num_nodes += 1
+            node = leaf
+        return node
+
+    def lock(self, node: RadixNode) -> None:
+        """A running request holds the prefix ending at ``node``."""
+        while node is not self.root:
+            node.lock += 1
+            node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            node.lock -= 1
+            node = node.parent
+
+    @property
+    def evictable(self) -> int:
+        """Tokens in unlocked nodes."""
+        stack, total = list(self.root.children.values()), 0
+        while stack:
+            node = stack.pop()
+            total += len(node.tokens) if node.lock == 0 else 0
+            stack += node.children.values()
+        return total
+
+    def evict(self, num_tokens: int) -> int:
+        """Remove unlocked leaves, least recently used first, until
+        ``num_tokens`` tokens are freed (or none is left); return tokens freed."""
+        leaves = [
+            (n.last_access, id(n), n)
+            for n in self._nodes()
+            if not n.children and n.lock == 0
+        ]
+        heapq.heapify(leaves)
+        freed = 0
+        while leaves and freed < num_tokens:
+            _, _, leaf = heapq.heappop(leaves)
+            parent = leaf.parent
+            del parent.children[leaf.tokens[0]]
+            freed += len(leaf.tokens)
+            self.size -= len(leaf.tokens)
+            self.num_nodes -= 1
+            if parent is not self.root and not parent.children and parent.lock == 0:
+                heapq.heappush(leaves, (parent.last_access, id(parent), parent))
+        return freed
+
+    def _nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack += node.children.values()

@@ -293,3 +293,99 @@ def _snapshot(pool, step: int, held: dict[int, int], head: Request | None) -> di
         "layout": pool.layout() if hasattr(pool, "layout") else None,
         "tables": pool.block_tables() if hasattr(pool, "block_tables") else None,
     }
+
+
+# Workloads that share prefixes (chapter 08) --------------------------------------
+
+
+@dataclass
+class TokenRequest:
+    """A request given by its tokens: ``prompt`` then the ``output`` it generates
+    (known in advance, so that later turns can contain it). ``group`` names the
+    conversation or document it belongs to."""
+
+    prompt: list[int]
+    output: list[int]
+    group: int = 0
+
+
+def _tokens(rng: np.random.Generator, n: int) -> list[int]:
+    # Byte tokens of the offline tokenizer (ids 3..258).
+    return rng.integers(3, 259, n).tolist()
+
+
+def system_prompt_workload(
+    n: int,
+    *,
+    system_len: int = 500,
+    user_len: tuple[int, int] = (10, 60),
+    output_len: tuple[int, int] = (20, 120),
+    seed: int = 0,
+) -> list[TokenRequest]:
+    """W3: ``n`` chats that all start with one ``system_len``-token system
+    prompt, then a short user turn of their own."""
+    rng = np.random.default_rng(seed)
+    system = [1] + _tokens(rng, system_len - 1)
+    return [
+        TokenRequest(
+            system + _tokens(rng, int(rng.integers(*user_len))),
+            _tokens(rng, int(rng.integers(*output_len))),
+        )
+        for _ in range(n)
+    ]
+
+
+def rag_workload(
+    n: int,
+    *,
+    num_docs: int = 1,
+    doc_len: int = 2000,
+    question_len: tuple[int, int] = (10, 40),
+    output_len: tuple[int, int] = (20, 120),
+    seed: int = 0,
+) -> list[TokenRequest]:
+    """W4: ``n`` questions, each about one of ``num_docs`` shared documents of
+    ``doc_len`` tokens placed before the question (retrieval-augmented
+    generation), documents drawn at random."""
+    rng = np.random.default_rng(seed)
+    docs = [[1] + _tokens(rng, doc_len - 1) for _ in range(num_docs)]
+    requests = []
+    for _ in range(n):
+        d = int(rng.integers(num_docs))
+        requests.append(
+            TokenRequest(
+                docs[d] + _tokens(rng, int(rng.integers(*question_len))),
+                _tokens(rng, int(rng.integers(*output_len))),
+                d,
+            )
+        )
+    return requests
+
+
+def multi_turn_workload(
+    num_conversations: int,
+    turns: int,
+    *,
+    system_len: int = 0,
+    user_len: tuple[int, int] = (10, 60),
+    output_len: tuple[int, int] = (20, 120),
+    interleave: bool = True,
+    seed: int = 0,
+) -> list[TokenRequest]:
+    """Multi-turn chat: each turn's prompt is the previous turn's prompt, its
+    answer and a new question. Turns of different conversations are
+    interleaved (round-robin) unless ``interleave`` is False."""
+    rng = np.random.default_rng(seed)
+    system = [1] + _tokens(rng, max(0, system_len - 1))
+    convs = []
+    for c in range(num_conversations):
+        history, conv = list(system), []
+        for _ in range(turns):
+            prompt = history + _tokens(rng, int(rng.integers(*user_len)))
+            output = _tokens(rng, int(rng.integers(*output_len)))
+            conv.append(TokenRequest(prompt, output, c))
+            history = prompt + output
+        convs.append(conv)
+    if not interleave:
+        return [r for conv in convs for r in conv]
+    return [conv[t] for t in range(turns) for conv in convs]
