@@ -66,7 +66,7 @@ shapes = st.tuples(
 
 
 @settings(
-    max_examples=60,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
@@ -92,13 +92,13 @@ def test_decode_matches_float64(kernel, monkeypatch, shape, dtype, parts, view, 
     )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(shapes, st.sampled_from(list(TOLERANCE)), st.integers(0, 2**31 - 1))
 def test_prefill_matches_float64(kernel, shape, dtype, seed):
     seqs, kvh, group, hd, bs, mb = shape
     k, v, tables, lens, g = make_problem(seed, seqs, kvh, group, hd, bs, mb, dtype)
-    # 0 .. all of each sequence's tokens are new queries; the rest is cached
-    new = (torch.rand(seqs, generator=g) * (lens + 1)).long().clamp(max=lens)
+    # 0 to 12 new queries per sequence (all of a short one); the rest is cached
+    new = torch.minimum(torch.randint(0, 13, (seqs,), generator=g), lens)
     starts = torch.cat([torch.zeros(1, dtype=torch.long), new.cumsum(0)])
     q = torch.randn(int(starts[-1]), kvh * group, hd, generator=g).to(dtype)
     ref = reference_paged_attention(q, k, v, tables, lens, starts)
