@@ -598,6 +598,11 @@ def load_cpu_kernel():
 _CPU_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
+SERIAL_WORK = 1 << 16
+"""Below this many K/V elements read per call (about 256 KiB in fp32), one thread
+does the work: waking a second costs more, and on a busy machine much more."""
+
+
 def cpu_decode_partitions(
     num_seqs: int, num_kv_heads: int, max_tokens: int, threads: int
 ) -> int:
@@ -648,8 +653,10 @@ def paged_attention_cpu(
     if query_start_loc is not None:
         query_start_loc = query_start_loc.to(torch.int64).contiguous()
         starts = query_start_loc.data_ptr()
-    threads = torch.get_num_threads()
     parts, part_len = 1, block_tables.shape[1] * block_size
+    rows = seqs if query_start_loc is None else q.shape[0]
+    work = rows * part_len * kv_heads * head_dim  # an upper bound, without a sync
+    threads = 1 if work < SERIAL_WORK else torch.get_num_threads()
     if query_start_loc is None:
         parts = cpu_decode_partitions(seqs, kv_heads, part_len, threads)
         part_len = -(-part_len // parts)

@@ -521,6 +521,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     kp.add_argument("--block-size", type=int, default=16)
     kp.add_argument("--repeats", type=int, default=15)
+    kp.add_argument(
+        "--threads", type=int, default=None, help="CPU threads (default: torch's)"
+    )
     kp.add_argument("--device", default=None)
     sp = sub.add_parser(
         "serve", help="our engine vs transformers generate / continuous batching"
@@ -553,6 +556,9 @@ def main(argv: list[str] | None = None) -> None:
     device = pick_device(args.device)
     print(" | ".join(f"{k} {v}" for k, v in device_report(device).items()))
     if args.command == "kernel":
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        print(f"{torch.get_num_threads()} CPU threads")
         batches = args.batch or by_device((1, 8, 32), (1, 8, 64, 256), device)
         contexts = args.context or by_device(
             (128, 1024, 4096), (128, 512, 1024, 4096), device
