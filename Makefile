@@ -30,9 +30,13 @@ lab: setup  ## open the chapters in JupyterLab
 export: setup  ## regenerate pagedkv_lab/ modules from the notebooks' #| export cells
 	$(BIN)/python -m pagedkv_lab._export
 
+# CoalesceStreams (after execution) stores each cell's prints as one output block.
+EXECUTE := --to notebook --execute --inplace --ExecutePreprocessor.timeout=1200 \
+  --NotebookExporter.preprocessors='["nbconvert.preprocessors.CoalesceStreamsPreprocessor"]'
+
 execute: setup  ## re-run every chapter top to bottom and store its outputs (CPU run: commit these)
 	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
-	  $(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=1200 $$nb || exit 1; done
+	  $(BIN)/jupyter nbconvert $(EXECUTE) $$nb || exit 1; done
 
 lint: setup
 	$(BIN)/ruff check pagedkv_lab tests solutions

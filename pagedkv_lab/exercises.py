@@ -53,7 +53,23 @@ def _cfg(**fields) -> SimpleNamespace:
     return SimpleNamespace(**fields)
 
 
-# Chapter 00 -----------------------------------------------------------------------------------------------
+# Chapter 00 ----------------------------------------------------------------------
+
+
+def _not_attempted(name: str, fn: Callable, args: tuple) -> bool:
+    """Report an exercise still raising NotImplementedError before costly references
+    are computed, so that its check prints one block at once."""
+    try:
+        fn(*args)
+    except NotImplementedError:
+        print(f"Checking {name}:")
+        print(
+            "  not attempted yet: replace the `raise NotImplementedError` with your code"
+        )
+        return True
+    except Exception:  # reported case by case by _run
+        pass
+    return False
 
 
 def check_gqa_group(fn: Callable) -> bool:
@@ -80,67 +96,56 @@ def check_gqa_group(fn: Callable) -> bool:
         "gqa_group",
         fn,
         cases,
-        "num_key_value_heads may be missing (None): then every query head has its own KV head.",
+        "num_key_value_heads may be missing (None): "
+        "then every query head has its own KV head.",
     )
 
 
-# Chapter 01 -----------------------------------------------------------------------------------------------
+def check_cache_bytes_per_token(fn: Callable) -> bool:
+    """``fn(name) -> int``: bytes per cached token, measured on an offline model."""
+    import torch
+
+    from .kvmath import KVSpec
+    from .models import load_model
+
+    if _not_attempted("cache_bytes_per_token", fn, ("tiny-llama",)):
+        return False
+    cases = []
+    for name in ["tiny-llama", "tiny-qwen2", "tiny-mistral"]:
+        model, _ = load_model(name)
+        spec = KVSpec.from_config(model.config, dtype=torch.float32)
+        cases.append((name, (name,), spec.bytes_per_token))
+    return _run(
+        "cache_bytes_per_token",
+        fn,
+        cases,
+        "add numel() * element_size() over every layer's keys and values, "
+        "then divide by cache.get_seq_length().",
+    )
+
+
+# Chapter 01 ----------------------------------------------------------------------
 
 
 def check_bytes_per_token(fn: Callable) -> bool:
     """``fn(config, dtype_bytes) -> int``: KV-cache bytes one token costs."""
+
+    def llama(layers, heads, kv_heads, hidden, **extra):
+        return _cfg(
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            hidden_size=hidden,
+            **extra,
+        )
+
     cases = [
-        (
-            "Llama-2-7B fp16",
-            (
-                _cfg(
-                    num_hidden_layers=32,
-                    num_attention_heads=32,
-                    num_key_value_heads=32,
-                    hidden_size=4096,
-                ),
-                2,
-            ),
-            524288,
-        ),
-        (
-            "Llama-2-70B fp16 (GQA)",
-            (
-                _cfg(
-                    num_hidden_layers=80,
-                    num_attention_heads=64,
-                    num_key_value_heads=8,
-                    hidden_size=8192,
-                ),
-                2,
-            ),
-            327680,
-        ),
-        (
-            "fp32 storage",
-            (
-                _cfg(
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    hidden_size=64,
-                ),
-                4,
-            ),
-            512,
-        ),
+        ("Llama-2-7B fp16", (llama(32, 32, 32, 4096), 2), 524288),
+        ("Llama-2-70B fp16 (GQA)", (llama(80, 64, 8, 8192), 2), 327680),
+        ("fp32 storage", (llama(2, 4, 2, 64), 4), 512),
         (
             "explicit head_dim != hidden/heads",
-            (
-                _cfg(
-                    num_hidden_layers=4,
-                    num_attention_heads=8,
-                    num_key_value_heads=2,
-                    hidden_size=256,
-                    head_dim=64,
-                ),
-                2,
-            ),
+            (llama(4, 8, 2, 256, head_dim=64), 2),
             2048,
         ),
     ]
@@ -148,12 +153,14 @@ def check_bytes_per_token(fn: Callable) -> bool:
         "bytes_per_token",
         fn,
         cases,
-        "2 (K and V) x layers x KV heads (not query heads) x head_dim x bytes; prefer config.head_dim when set.",
+        "2 (K and V) x layers x KV heads (not query heads) x head_dim x bytes; "
+        "prefer config.head_dim when set.",
     )
 
 
 def check_max_requests(fn: Callable) -> bool:
-    """``fn(budget_bytes, bytes_per_token, max_len) -> int``: max-length requests that fit a KV budget."""
+    """``fn(budget_bytes, bytes_per_token, max_len) -> int``: max-length requests
+    that fit a KV budget."""
     cases = [
         ("exact fit", (2 * 1024 * 2048, 1024, 2048), 2),
         ("remainder is wasted", (5 * 1024 * 2048 - 1, 1024, 2048), 4),
@@ -168,7 +175,38 @@ def check_max_requests(fn: Callable) -> bool:
     )
 
 
-# Chapter 02 -----------------------------------------------------------------------------------------------
+def check_longest_request(fn: Callable) -> bool:
+    """``fn(config, gpu_bytes, kv_dtype_bytes) -> int``: tokens of the longest single
+    request whose KV cache fits next to the fp16 weights."""
+    from .kvmath import KVSpec, gpu_memory_bytes, kv_budget, real_model_configs
+
+    configs, gpus = real_model_configs(), gpu_memory_bytes()
+
+    def reference(cfg, gpu, dtype_bytes):
+        spec = KVSpec.from_config(cfg)
+        spec = KVSpec(spec.num_layers, spec.num_kv_heads, spec.head_dim, dtype_bytes)
+        return spec.tokens_in(kv_budget(cfg, gpu))
+
+    cases = []
+    for name, gpu, dtype_bytes in [
+        ("Llama-3-8B", "L4", 2),
+        ("Llama-3-8B", "L4", 1),
+        ("Llama-2-7B", "T4", 2),
+        ("Llama-2-70B", "H100-80GB", 2),
+    ]:
+        args = (configs[name], gpus[gpu], dtype_bytes)
+        label = f"{name} on {gpu}, {dtype_bytes}-byte cache"
+        cases.append((label, args, reference(*args)))
+    return _run(
+        "longest_request",
+        fn,
+        cases,
+        "the budget is kv_budget(config, gpu_bytes) (fp16 weights, 10% reserve); "
+        "divide by the bytes per token at kv_dtype_bytes; 0 if the weights do not fit.",
+    )
+
+
+# Chapter 02 ----------------------------------------------------------------------
 
 
 def _best_fit_reference(gaps: list[tuple[int, int]], n: int) -> int | None:
@@ -177,7 +215,8 @@ def _best_fit_reference(gaps: list[tuple[int, int]], n: int) -> int | None:
 
 
 def check_best_fit(fn: Callable) -> bool:
-    """``fn(gaps, n) -> start | None``: best-fit choice among free ``(start, length)`` gaps."""
+    """``fn(gaps, n) -> start | None``: best-fit choice among free ``(start, length)``
+    gaps."""
     rng = random.Random(2)
     cases = [
         ("one gap that fits", ([(0, 10)], 4), 0),
@@ -198,7 +237,8 @@ def check_best_fit(fn: Callable) -> bool:
 
 
 def check_external_fragmentation(fn: Callable) -> bool:
-    """``fn(gap_lengths, need) -> int``: free slots that are unusable for a request needing ``need`` slots."""
+    """``fn(gap_lengths, need) -> int``: free slots that are unusable for a request
+    needing ``need`` slots."""
     cases = [
         ("fits in one gap: nothing is external", ([100, 300], 250), 0),
         ("enough in total, no single gap", ([100, 200, 150], 250), 450),
@@ -209,15 +249,51 @@ def check_external_fragmentation(fn: Callable) -> bool:
         "external_fragmentation",
         fn,
         cases,
-        "count the free slots only when the request is blocked by fragmentation alone: sum >= need but max < need.",
+        "count the free slots only when the request is blocked by fragmentation "
+        "alone: sum >= need but max < need.",
     )
 
 
-# Chapter 03 -----------------------------------------------------------------------------------------------
+def _pool_shares_reference(extra_slots: int) -> tuple[float, float]:
+    from .contiguous import ContiguousPool
+    from .workloads import chat_workload, simulate
+
+    trace = chat_workload(400, seed=0, arrival_rate=1.0, max_model_len=2048)
+    pool = ContiguousPool(16 * 2048 + extra_slots, 2048, policy="max")
+    f = simulate(trace, pool).fractions()
+    return f["external"], f["free"]
+
+
+def check_pool_shares(fn: Callable) -> bool:
+    """``fn(extra_slots) -> (external, free)``: shares of a max-reservation pool of
+    ``16 * 2048 + extra_slots`` slots, averaged over the steps with a queue."""
+    if _not_attempted("pool_shares", fn, (1000,)):
+        return False
+    cases = [
+        (f"{extra} extra slots", (extra,), _pool_shares_reference(extra))
+        for extra in (1000, 3000)
+    ]
+
+    def same(got, expected) -> bool:
+        return len(got) == 2 and all(abs(g - e) < 1e-6 for g, e in zip(got, expected))
+
+    return _run(
+        "pool_shares",
+        fn,
+        cases,
+        "simulate chat_workload(400, seed=0, arrival_rate=1.0, max_model_len=2048) "
+        "through ContiguousPool(16 * 2048 + extra_slots, 2048, policy='max') and "
+        "return fractions()['external'] and fractions()['free'].",
+        same=same,
+    )
+
+
+# Chapter 03 ----------------------------------------------------------------------
 
 
 def check_blocks_for(fn: Callable) -> bool:
-    """``fn(num_tokens, block_size) -> int``: blocks a sequence of ``num_tokens`` occupies."""
+    """``fn(num_tokens, block_size) -> int``: blocks a sequence of ``num_tokens``
+    occupies."""
     cases = [
         ("empty sequence", (0, 16), 0),
         ("one token", (1, 16), 1),
@@ -247,7 +323,49 @@ def check_slot_of(fn: Callable) -> bool:
         "slot_of",
         fn,
         cases,
-        "slot = block_table[position // block_size] * block_size + position % block_size.",
+        "slot = block_table[position // block_size] * block_size "
+        "+ position % block_size.",
+    )
+
+
+def check_tail_waste(fn: Callable) -> bool:
+    """``fn(num_tokens, block_size) -> int``: empty slots in a sequence's last block."""
+    cases = [
+        ("100 tokens, block size 16", (100, 16), 12),
+        ("a full last block", (64, 16), 0),
+        ("one token", (1, 16), 15),
+        ("one past a block", (17, 16), 15),
+        ("empty sequence: no block, no waste", (0, 16), 0),
+        ("block size 1 never wastes", (37, 1), 0),
+    ]
+    return _run(
+        "tail_waste",
+        fn,
+        cases,
+        "blocks * block_size - num_tokens, where blocks = ceil(tokens / block_size).",
+    )
+
+
+def _preemptions_reference(watermark: float) -> int:
+    from .paging import PagedPool
+    from .workloads import chat_workload, simulate
+
+    trace = chat_workload(150, seed=0, arrival_rate=1.0, max_model_len=2048)
+    return simulate(trace, PagedPool(512, 16, 2048, watermark=watermark)).preemptions
+
+
+def check_preemptions(fn: Callable) -> bool:
+    """``fn(watermark) -> int``: preemptions of a small W1 trace through a paged pool."""
+    cases = [
+        (f"watermark {w:.0%}", (w,), _preemptions_reference(w))
+        for w in (0.0, 0.05, 0.2)
+    ]
+    return _run(
+        "preemptions",
+        fn,
+        cases,
+        "simulate(chat_workload(150, seed=0, arrival_rate=1.0), "
+        "PagedPool(512, 16, 2048, watermark=watermark)).preemptions",
     )
 
 
@@ -372,6 +490,24 @@ def check_logits_rows(fn: Callable) -> bool:
     )
 
 
+def check_blocks_held(fn: Callable) -> bool:
+    """``fn(prompt_lens, new_tokens, block_size) -> int``: blocks left held."""
+    lengths = [1, 7, 8, 9, 29, 100]
+    cases = [
+        ("one prompt that fills its block", ([4], 1, 4), 1),
+        ("one token past a block", ([5], 1, 4), 2),
+        ("the chapter's prompts, block 8", (lengths, 24, 8), 38),
+        ("the chapter's prompts, block 1", (lengths, 24, 1), 292),
+        ("the chapter's prompts, block 128", (lengths, 24, 128), 6),
+    ]
+    return _run(
+        "blocks_held",
+        fn,
+        cases,
+        "each sequence holds ceil((prompt + new_tokens - 1) / block_size) blocks.",
+    )
+
+
 # Chapter 06 -----------------------------------------------------------------------------------------------
 
 
@@ -421,4 +557,126 @@ def check_continuous_steps(fn: Callable) -> bool:
         fn,
         cases,
         "give each request, in order, the slot that frees first; the answer is when the last one ends.",
+    )
+
+
+def _demo_preemptions(watermark: float) -> int:
+    """Chapter 06's scheduler demo, without the model: with EOS ignored the
+    schedule does not depend on which tokens are sampled."""
+    from .block_manager import BlockManager
+    from .engine import SamplingParams, Sequence
+    from .scheduler import Scheduler, SequenceGroup
+
+    sched = Scheduler(
+        BlockManager(10, 4), max_model_len=2048, max_num_seqs=4, watermark=watermark
+    )
+    for i, (p, o) in enumerate([(5, 9), (3, 4), (9, 10), (2, 3), (6, 8), (4, 2)]):
+        params = SamplingParams(temperature=0, max_tokens=o, ignore_eos=True)
+        sched.add(SequenceGroup(i, Sequence(list(range(1, p + 1)), params)))
+    while sched.has_unfinished:
+        plan = sched.schedule()
+        for seq, n in zip(plan.seqs, plan.num_new_tokens):
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.append_token(5, None, 2048)
+        sched.free_finished()
+    return sched.num_preemptions
+
+
+def check_demo_preemptions(fn: Callable) -> bool:
+    """``fn(watermark) -> int``: preemptions in chapter 06's scheduler demo."""
+    cases = [
+        (f"watermark {w}", (w,), _demo_preemptions(w)) for w in (0.0, 0.1, 0.25, 0.5)
+    ]
+    return _run(
+        "demo_preemptions",
+        fn,
+        cases,
+        "build the demo's Scheduler(BlockManager(10, 4), ..., watermark=watermark), "
+        "serve the six requests and return scheduler.num_preemptions.",
+    )
+
+
+# Chapter 07 -------------------------------------------------------------------
+
+
+def _fork_and_write(prompt_len: int, n: int, k: int, block_size: int):
+    """Drive a real BlockManager: allocate a prompt, fork it n - 1 times, then
+    let every sequence append k tokens. Returns (blocks held, copies made)."""
+    from .block_manager import BlockManager
+    from .engine import SamplingParams, Sequence
+
+    bm = BlockManager(4 * n * (prompt_len + k) // block_size + 8, block_size)
+    params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    parent = Sequence([1] * prompt_len, params)
+    bm.allocate(parent, 0, prompt_len)
+    parent.num_computed_tokens = prompt_len
+    family = [parent]
+    for _ in range(n - 1):
+        child = parent.fork()
+        bm.fork(parent, child)
+        family.append(child)
+    copies = 0
+    for _ in range(k):
+        for seq in family:
+            seq.token_ids.append(1)
+            bm.append_slots(seq, 1)
+            seq.num_computed_tokens += 1
+        copies += len(bm.take_copies())
+    return bm.num_blocks - bm.num_free_blocks, copies
+
+
+_FORK_CASES = [
+    (6, 4, 1, 4),
+    (8, 3, 2, 4),
+    (5, 2, 9, 4),
+    (500, 4, 100, 16),
+    (1, 8, 3, 16),
+]
+
+
+def check_blocks_after_fork(fn: Callable) -> bool:
+    """``fn(prompt_len, n, k, block_size) -> int``: distinct blocks held."""
+    cases = [
+        (
+            f"prompt {p}, n={n}, k={k}, block {bs}",
+            (p, n, k, bs),
+            _fork_and_write(p, n, k, bs)[0],
+        )
+        for p, n, k, bs in _FORK_CASES
+    ]
+    return _run(
+        "blocks_after_fork",
+        fn,
+        cases,
+        "full prompt blocks are shared; each sequence owns its copy of the partial "
+        "block plus its own tokens: prompt // bs + n * ceil((prompt % bs + k) / bs).",
+    )
+
+
+def check_copies_after_fork(fn: Callable) -> bool:
+    """``fn(prompt_len, n, block_size) -> int``: copies at the first writes."""
+    cases = [
+        (f"prompt {p}, n={n}, block {bs}", (p, n, bs), _fork_and_write(p, n, 1, bs)[1])
+        for p, n, _, bs in _FORK_CASES
+    ]
+    return _run(
+        "copies_after_fork",
+        fn,
+        cases,
+        "only a partial last block is written into; all holders but the last copy it.",
+    )
+
+
+def check_unshared_blocks(fn: Callable) -> bool:
+    """``fn(prompt_len, n, k, block_size) -> int``: blocks with no sharing."""
+    cases = [
+        (f"prompt {p}, n={n}, k={k}, block {bs}", (p, n, k, bs), n * -(-(p + k) // bs))
+        for p, n, k, bs in _FORK_CASES
+    ]
+    return _run(
+        "unshared_blocks",
+        fn,
+        cases,
+        "each of the n sequences holds ceil((prompt + k) / block_size) blocks.",
     )

@@ -21,7 +21,7 @@ DTYPE_BYTES = {
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
-    """Per-head width: ``config.head_dim`` when set, else ``hidden_size / num_attention_heads``."""
+    """Per-head width: ``config.head_dim`` if set, else ``hidden_size / num_heads``."""
     return (
         getattr(config, "head_dim", None)
         or config.hidden_size // config.num_attention_heads
@@ -41,7 +41,7 @@ class KVSpec:
     def from_config(
         cls, config: PretrainedConfig, dtype: torch.dtype = torch.float16
     ) -> KVSpec:
-        """Read the shape from a transformers config; ``dtype`` is the cache's storage type."""
+        """Read the shape from a transformers config; ``dtype`` is the cache's type."""
         kv_heads = (
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         )
@@ -57,7 +57,7 @@ class KVSpec:
         )
 
     def bytes_for(self, num_tokens: int) -> int:
-        """Bytes to cache ``num_tokens`` tokens (one request of that length, or many adding up to it)."""
+        """Bytes to cache ``num_tokens`` tokens, in one request or many."""
         return self.bytes_per_token * num_tokens
 
     def tokens_in(self, num_bytes: float) -> int:
@@ -82,7 +82,7 @@ def cache_nbytes(cache) -> int:
     )
 
 def count_parameters_from_config(config: PretrainedConfig) -> int:
-    """Parameters of a Llama / Mistral / Qwen2-style decoder, computed from its config alone.
+    """Parameters of a Llama / Mistral / Qwen2-style decoder, from its config alone.
 
     Embedding, then per layer the q, k, v, o projections (plus q/k/v bias for
     Qwen2), the gated MLP and two RMSNorms, then the final norm and the LM head
@@ -90,9 +90,10 @@ def count_parameters_from_config(config: PretrainedConfig) -> int:
     """
     h, vocab, n = config.hidden_size, config.vocab_size, config.num_hidden_layers
     q = config.num_attention_heads * head_dim_of(config)
-    kv = (
+    kv_heads = (
         getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    ) * head_dim_of(config)
+    )
+    kv = kv_heads * head_dim_of(config)
     bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
     attention = h * q + 2 * h * kv + q * h + (q + 2 * kv if bias else 0)
     mlp = 3 * h * config.intermediate_size
@@ -107,7 +108,7 @@ def _shipped_json() -> dict:
 
 
 def real_model_configs() -> dict[str, PretrainedConfig]:
-    """Configs of well-known checkpoints, from the fields shipped in ``configs/real_models.json``."""
+    """Configs of well-known checkpoints, from ``configs/real_models.json``."""
     configs = {}
     for name, fields in _shipped_json()["models"].items():
         fields = dict(fields)
@@ -118,10 +119,10 @@ def real_model_configs() -> dict[str, PretrainedConfig]:
     return configs
 
 def gpu_memory_bytes() -> dict[str, int]:
-    """Memory of common GPUs, in bytes, as the vendors list it (GB = 1e9 bytes)."""
+    """Memory of common GPUs, in bytes: the vendors' "GB" figures are GiB (2**30)."""
     return {
-        name: int(gb * 1e9)
-        for name, gb in _shipped_json()["gpus"].items()
+        name: int(gib * 2**30)
+        for name, gib in _shipped_json()["gpus"].items()
         if not name.startswith("_")
     }
 
@@ -133,7 +134,8 @@ def kv_budget(
     weight_dtype: torch.dtype = torch.float16,
     overhead_fraction: float = 0.1,
 ) -> int:
-    """Bytes left for the KV cache after the weights and a reserve for activations and runtime.
+    """Bytes left for the KV cache after the weights and a reserve for activations
+    and the runtime.
 
     Negative when the weights alone do not fit.
     """

@@ -5,113 +5,245 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 
-from .engine import Sequence
-from .paging import BlockAllocator
+import torch
+
+from .engine import Sequence, sample, token_logprobs
 
 
-class Scheduler:
-    """Waiting and running queues over a block allocator, decided anew at every step.
+class SequenceGroup:
+    """A request: the sequences generated from one prompt.
 
-    Each step every running sequence computes its next tokens (one when decoding),
-    getting a new block when its last one is full; if none is free, the most
-    recently admitted sequence is preempted (its blocks are freed and it will
-    recompute its K/V when it runs again). Then waiting sequences are admitted
-    first-come-first-served while blocks for their tokens are free, the batch has
-    room (``max_num_seqs``) and the step's token budget (``max_num_batched_tokens``)
-    is not spent; a prompt larger than the budget left is prefilled in chunks.
+    The scheduler admits, grows and preempts a group as a whole. Here a group
+    holds one sequence; chapter 07's parallel sampling and beam search
+    subclass it to hold several that share blocks. A group says what it wants
+    to compute next (`work`) and how it turns logits into tokens (`process`).
     """
+
+    def __init__(self, request_id: int, seq: Sequence, arrival_time: float = 0.0):
+        self.request_id = request_id
+        self.seqs = [seq]
+        self.prompt_len = seq.num_prompt_tokens
+        self.arrival_time = arrival_time
+
+    @property
+    def params(self):
+        return self.seqs[0].params
+
+    @property
+    def running_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.is_finished]
+
+    @property
+    def is_finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+    @property
+    def max_running_seqs(self) -> int:
+        """Sequences the group may run at once (they count against max_num_seqs)."""
+        return len(self.running_seqs)
+
+    @property
+    def prefill_limit(self) -> int:
+        """Tokens its first sequence computes when the group is admitted (all)."""
+        return self.seqs[0].num_tokens
+
+    def resume_blocks(self, block_size: int) -> int:
+        """Blocks its other sequences need to resume after admission (none here)."""
+        return 0
+
+    def work(self, budget: int, block_manager) -> list[tuple[Sequence, int]]:
+        """``(sequence, new tokens)`` to compute next, within ``budget`` tokens.
+
+        A sequence computes every token it has not computed yet, its prompt in
+        chunks when the budget is smaller.
+        """
+        seq = self.running_seqs[0]
+        return [(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))]
+
+    def process(
+        self,
+        seqs: list[Sequence],
+        logits: torch.Tensor,
+        eos_token_ids,
+        max_model_len: int,
+        block_manager,
+    ) -> None:
+        """Sample one token for each of ``seqs`` (whose rows ``logits`` holds)."""
+        tokens = sample(logits, seqs)
+        for seq, token, lp in zip(seqs, tokens, token_logprobs(logits, tokens)):
+            seq.append_token(token, eos_token_ids, max_model_len, lp)
+
+    def results(self) -> list[tuple[list[int], float, str, float | None]]:
+        """Each completion: (output tokens, cumulative logprob, finish reason,
+        score), in sample order (chapter 07's beam search: best first)."""
+        seqs = sorted(self.seqs, key=lambda s: s.sample_index)
+        return [
+            (s.output_token_ids, s.cumulative_logprob, s.finish_reason, None)
+            for s in seqs
+        ]
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan: which sequences compute how many new tokens, and the
+    block copies to make before the forward pass (copy-on-write, chapter 07;
+    swapping to and from CPU memory, chapter 09)."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    groups: list[SequenceGroup] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+    def add(self, seq: Sequence, num_new_tokens: int, group: SequenceGroup) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_new_tokens)
+        self.groups.append(group)
+
+class SchedulerQueues:
+    """The scheduler's state: waiting and running requests, and what happens to
+    a request's blocks when it is preempted, removed or finished. Every block
+    decision goes to the block manager (`can_allocate`, `allocate`,
+    `can_append_slots`, `append_slots`, `free`); `Scheduler` adds the
+    per-step decisions."""
 
     def __init__(
         self,
-        allocator: BlockAllocator,
+        block_manager,
         *,
         max_model_len: int,
-        eos_token_id: int | None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 4096,
         watermark: float = 0.01,
-        reserve_tokens: int | None = None,
+        reserve_tokens: int = 0,
     ):
-        self.allocator = allocator
+        self.block_manager = block_manager
         self.max_model_len = max_model_len
-        self.eos_token_id = eos_token_id
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.watermark_blocks = int(watermark * allocator.num_blocks)
-        self.reserve_tokens = reserve_tokens  # set: reserve this many tokens' blocks at admission (contiguous-style)
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.watermark_blocks = int(watermark * block_manager.num_blocks)
+        # Contiguous-style admission (chapter 02): take blocks for this many
+        # tokens at once.
+        self.reserve_tokens = reserve_tokens
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
         self.num_preemptions = 0
+        # Tokens whose K/V preemption threw away (an upper bound on what
+        # recomputing costs: prefix caching may keep some of them).
+        self.num_recomputed_tokens = 0
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
 
     @property
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _blocks_to_admit(self, seq: Sequence, num_new: int) -> int:
-        tokens = max(seq.num_computed_tokens + num_new, self.reserve_tokens or 0)
-        return seq.block_table.blocks_needed(tokens - seq.block_table.num_tokens)
+    @property
+    def num_running_seqs(self) -> int:
+        return sum(g.max_running_seqs for g in self.running)
 
-    def preempt(self, seq: Sequence) -> None:
-        """Free ``seq``'s blocks and put it back at the head of the queue; its K/V will be recomputed."""
-        self.running.remove(seq)
-        seq.block_table.free()
-        seq.num_computed_tokens = 0
-        self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+    def preempt(self, group: SequenceGroup) -> None:
+        """Free ``group``'s blocks and put it back at the head of the queue.
 
-    def schedule(self) -> tuple[list[Sequence], list[int]]:
-        """Pick this step's sequences and how many new tokens each computes; grow their tables.
-
-        A sequence computes all the tokens it has not computed yet, within what is left of
-        the step's token budget: a prompt longer than that is prefilled in chunks over
-        several steps (chunked prefill), and only the step that completes it samples.
+        Its sequences keep their tokens; their K/V will be recomputed.
         """
-        scheduled: list[Sequence] = []
-        num_new: list[int] = []
-        budget = self.max_num_batched_tokens
-        for seq in list(self.running):  # oldest first
-            if seq not in self.running or budget == 0:  # preempted, or no budget left
+        self.running.remove(group)
+        self.num_preemptions += 1
+        for seq in group.seqs:
+            self.num_recomputed_tokens += seq.num_computed_tokens
+            self.block_manager.free(seq)
+            seq.num_computed_tokens = 0
+        self.waiting.appendleft(group)
+
+    def remove(self, group: SequenceGroup) -> None:
+        """Take ``group`` out of the queues and free its blocks (abort, error)."""
+        if group in self.running:
+            self.running.remove(group)
+        elif group in self.waiting:
+            self.waiting.remove(group)
+        for seq in group.seqs:
+            self.block_manager.free(seq)
+
+    def free_finished(self) -> list[SequenceGroup]:
+        """Free the blocks of finished sequences; return the requests now done."""
+        for group in self.running:
+            for seq in group.seqs:
+                if seq.is_finished:
+                    self.block_manager.free(seq)
+        done = [g for g in self.running if g.is_finished]
+        self.running = [g for g in self.running if not g.is_finished]
+        return done
+
+class Scheduler(SchedulerQueues):
+    """Decides each step who computes how many tokens.
+
+    Running requests get slots for their next tokens first, in queue order;
+    when no block is free, the request at the end of the queue is preempted:
+    its blocks are freed and it will recompute its K/V. Then waiting requests
+    are admitted in arrival order while blocks (beyond a small watermark),
+    batch slots (``max_num_seqs``) and the step's token budget
+    (``max_num_batched_tokens``) last; a prompt longer than the budget left is
+    prefilled in chunks.
+    """
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide this step: grow running requests (preempting if needed), admit
+        waiting ones, and return who computes how many tokens."""
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        self._schedule_waiting(out, budget)
+        out.block_copies = self.block_manager.take_copies()
+        return out
+
+    def _order_running(self) -> None:
+        """Order the running requests so that the last is the one to preempt
+        first: here arrival order, so the newest gives way (vLLM's choice: first
+        come, first served, and the newest has least to recompute)."""
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Give running requests, in order, slots for their next tokens; when
+        blocks run out, preempt from the end of the queue, which this step
+        has not scheduled yet."""
+        bm = self.block_manager
+        self._order_running()
+        for group in list(self.running):
+            if group not in self.running or budget == 0:
                 continue
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            grow = seq.num_computed_tokens + n - seq.block_table.num_tokens
-            while not seq.block_table.can_append(grow):
-                victim = self.running[-1]  # the newest running sequence
+            work = group.work(budget, bm)
+            while not bm.can_append_slots(work):
+                victim = self.running[-1]
                 self.preempt(victim)
-                if victim is seq:
+                if victim is group:
                     break
-            if seq in self.running:
-                seq.block_table.append(grow)
-                scheduled.append(seq)
-                num_new.append(n)
-                budget -= n
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0:
-            seq = self.waiting[0]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            reserve = self.watermark_blocks if self.running else 0
-            if not self.allocator.can_allocate(self._blocks_to_admit(seq, n) + reserve):
+            if group in self.running:
+                for seq, n in work:
+                    bm.append_slots(seq, n)
+                    out.add(seq, n, group)
+                    budget -= n
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting requests in arrival order while they fit."""
+        bm = self.block_manager
+        while self.waiting and budget > 0:
+            group = self.waiting[0]
+            if self.num_running_seqs + group.max_running_seqs > self.max_num_seqs:
+                break
+            seq, limit = group.running_seqs[0], group.prefill_limit
+            cached = bm.num_cached_tokens(seq, limit)
+            n = min(limit - cached, budget)
+            watermark = self.watermark_blocks if self.running else 0
+            # Admit a group only if all its sequences can resume, not just the
+            # first: otherwise it would be preempted again at once.
+            watermark += group.resume_blocks(bm.block_size)
+            if not bm.can_allocate(seq, cached, n, watermark, self.reserve_tokens):
                 break
             self.waiting.popleft()
-            if self.reserve_tokens:
-                seq.block_table.reserve(self.reserve_tokens)
-            seq.block_table.append(
-                seq.num_computed_tokens + n - seq.block_table.num_tokens
-            )
-            self.running.append(seq)
-            scheduled.append(seq)
-            num_new.append(n)
+            bm.allocate(seq, cached, n, self.reserve_tokens)
+            self.running.append(group)
+            out.add(seq, n, group)
             budget -= n
-        return scheduled, num_new
-
-    def postprocess(self, seqs: list[Sequence], tokens: list[int]) -> list[Sequence]:
-        """Append each sequence's new token; free the blocks of those that finished and return them."""
-        for seq, token in zip(seqs, tokens):
-            seq.append_token(token, self.eos_token_id, self.max_model_len)
-        finished = [s for s in seqs if s.is_finished]
-        for seq in finished:
-            self.running.remove(seq)
-            seq.block_table.free()
-        return finished
+        return budget

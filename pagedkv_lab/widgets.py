@@ -25,9 +25,10 @@ def draw_pool_rows(
     legend: bool = True,
     states: tuple[str, ...] | None = None,
 ) -> None:
-    """Draw a linear pool of ``capacity`` slots as rows of ``row_len`` slots (row 0 on top).
+    """Draw a pool of ``capacity`` slots as rows of ``row_len`` slots (row 0 on top).
 
-    ``segments`` are ``(start, length, state)`` runs; a run that crosses a row end wraps.
+    ``segments`` are ``(start, length, state)`` runs; a run that crosses a row end
+    wraps.
     """
     rows = -(-capacity // row_len)
     for start, length, state in segments:
@@ -73,7 +74,9 @@ def contiguous_trace_frames(
     seed: int = 0,
     every: int = 10,
 ):
-    """Simulate W1 through a contiguous pool of ``pool_rows x max_model_len`` slots; frames every ``every`` steps.
+    """Simulate W1 through a contiguous pool of ``pool_rows x max_model_len`` slots.
+
+    One frame every ``every`` steps.
 
     Returns ``(capacity, frames)``; each frame is ``(step, segments, stats)`` with
     ``stats`` the running/waiting counts and the pool fractions at that step.
@@ -166,7 +169,8 @@ def paged_trace_frames(
     """Simulate W1 through a paged pool; frames every ``every`` steps.
 
     Each frame is ``(step, owners, tables)``: ``owners`` maps physical block ->
-    (request id, tokens in it), ``tables`` maps request id -> its block table.
+    (request id, tokens in it); ``tables`` maps request id -> its block table,
+    the allocator's own list of physical blocks in logical order.
     """
     from .paging import PagedPool
     from .workloads import chat_workload, simulate
@@ -178,18 +182,71 @@ def paged_trace_frames(
         max_model_len=min(2048, num_blocks * block_size),
     )
     result = simulate(requests, PagedPool(num_blocks, block_size), snapshot_every=every)
-    frames = []
-    for snap in result.snapshots:
-        owners = snap["layout"]
-        tables: dict[int, list[int]] = {}
-        for block, (rid, _) in sorted(owners.items()):
-            tables.setdefault(rid, []).append(block)
-        frames.append((snap["step"], owners, tables))
-    return tuple(frames)
+    return tuple(
+        (snap["step"], snap["layout"], snap["tables"]) for snap in result.snapshots
+    )
 
 
-def _owner_color(rid: int):
-    return plt.get_cmap("tab20")(rid % 20)
+#: Request colours for block drawings: saturated, so that no request's colour
+#: looks like the white of empty slots or the grey of free blocks.
+OWNER_COLORS = [
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#882255",
+    "#44AA99",
+]
+
+
+def owner_color(rid: int) -> str:
+    """The colour a request's blocks are drawn in."""
+    return OWNER_COLORS[rid % len(OWNER_COLORS)]
+
+
+def _draw_block(ax, x, y, w, h, owner, filled, block_size, label=None, size=6):
+    """One block: grey when free; else the owner's colour over the filled part and
+    white, hatched in the owner's colour, over the empty slots."""
+    if owner is None:
+        ax.add_patch(plt.Rectangle((x, y), w, h, fc=COLORS["free"], ec="white", lw=0.5))
+    else:
+        color = owner_color(owner)
+        part = w * filled / block_size
+        ax.add_patch(plt.Rectangle((x, y), w, h, fc="white", ec=color, lw=0.8))
+        if filled < block_size:
+            ax.add_patch(
+                plt.Rectangle(
+                    (x + part, y), w - part, h, fc="none", ec=color, lw=0, hatch="////"
+                )
+            )
+        ax.add_patch(plt.Rectangle((x, y), part, h, fc=color, ec=color, lw=0.8))
+    if label is not None:
+        dark = owner is not None and filled > block_size / 2
+        ax.text(
+            x + w / 2,
+            y + h / 2,
+            label,
+            ha="center",
+            va="center",
+            fontsize=size,
+            color="white" if dark else "#333333",
+        )
+
+
+def block_legend_handles(highlight: bool = False) -> list:
+    """Legend entries for block drawings."""
+    handles = [
+        Patch(fc=OWNER_COLORS[0], label="slots holding K/V (colour = request)"),
+        Patch(
+            fc="white", ec=OWNER_COLORS[0], hatch="////", label="empty slots of a block"
+        ),
+        Patch(fc=COLORS["free"], label="free block"),
+    ]
+    if highlight:
+        handles.append(Patch(fc="none", ec="black", lw=1.5, label="the request shown"))
+    return handles
 
 
 def draw_block_grid(
@@ -199,39 +256,175 @@ def draw_block_grid(
     block_size: int,
     columns: int = 16,
     highlight: int | None = None,
+    ids: bool = True,
+    fontsize: float = 6,
 ) -> None:
-    """Draw physical blocks as a grid: coloured by owner, the filled part solid, the rest pale."""
+    """Draw physical blocks as a grid, block 0 top left, each labelled with its id.
+
+    A block held by a request is drawn in the request's colour over its filled
+    slots and hatched over its empty ones; free blocks are grey. Blocks of
+    request ``highlight`` get a black outline.
+    """
     rows = -(-num_blocks // columns)
     for block in range(num_blocks):
         row, col = divmod(block, columns)
-        y = rows - 1 - row
-        ax.add_patch(plt.Rectangle((col, y), 0.92, 0.92, color=COLORS["free"]))
-        if block in owners:
-            rid, filled = owners[block]
-            color = _owner_color(rid)
-            ax.add_patch(plt.Rectangle((col, y), 0.92, 0.92, color=color, alpha=0.35))
+        x, y = col + 0.04, rows - 1 - row + 0.04
+        owner, filled = owners.get(block, (None, 0))
+        _draw_block(
+            ax,
+            x,
+            y,
+            0.92,
+            0.92,
+            owner,
+            filled,
+            block_size,
+            str(block) if ids else None,
+            fontsize,
+        )
+        if highlight is not None and owner == highlight:
             ax.add_patch(
-                plt.Rectangle((col, y), 0.92 * filled / block_size, 0.92, color=color)
+                plt.Rectangle((x, y), 0.92, 0.92, fill=False, ec="black", lw=1.5)
             )
-            if highlight is not None and rid == highlight:
-                ax.add_patch(
-                    plt.Rectangle(
-                        (col, y),
-                        0.92,
-                        0.92,
-                        fill=False,
-                        edgecolor="black",
-                        linewidth=1.5,
-                    )
-                )
     ax.set_xlim(0, columns)
     ax.set_ylim(0, rows)
     ax.set_aspect("equal")
     ax.axis("off")
 
 
+def draw_block_table(
+    ax,
+    table: list[int],
+    owners: dict[int, tuple[int, int]],
+    block_size: int,
+    rid: int,
+    max_rows: int = 16,
+) -> None:
+    """Draw one request's block table: logical block i -> physical block, in order.
+
+    At most ``max_rows`` entries are drawn; a last line counts the rest.
+    """
+    shown = table[:max_rows]
+    top = max_rows
+    ax.set_xlim(-0.2, 2.6)
+    ax.set_ylim(-1.2, top + 1.6)
+    ax.text(1.2, top + 0.9, f"block table of\nrequest {rid}", ha="center", fontsize=8)
+    for x, text in ((0.5, "logical"), (1.7, "physical")):
+        ax.text(x, top + 0.15, text, ha="center", fontsize=6, color="#555555")
+    for i, block in enumerate(shown):
+        y = top - 1 - i
+        ax.add_patch(plt.Rectangle((0.1, y + 0.05), 0.8, 0.9, fc="white", ec="#999999"))
+        ax.text(0.5, y + 0.5, str(i), ha="center", va="center", fontsize=7)
+        _, filled = owners.get(block, (rid, block_size))
+        _draw_block(ax, 1.3, y + 0.05, 0.8, 0.9, rid, filled, block_size, str(block), 7)
+    if len(table) > max_rows:
+        more = len(table) - max_rows
+        ax.text(1.2, -0.6, f"... {more} more", ha="center", fontsize=7)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def draw_paging_diagram(
+    ax,
+    tables: dict[str, tuple[list[int], int]],
+    num_blocks: int,
+    block_size: int,
+) -> None:
+    """Logical blocks -> block tables -> physical blocks, from real block tables.
+
+    ``tables`` maps a sequence name to ``(block table, tokens held)``. Left: each
+    sequence's logical blocks, filled as far as its tokens reach, with its block
+    table underneath; right: the physical blocks; an arrow per table entry.
+    """
+    owners = {}
+    for k, (blocks, n) in enumerate(tables.values()):
+        for i, b in enumerate(blocks):
+            owners[b] = (k, min(block_size, n - i * block_size))
+    right = 9.5
+    for b in range(num_blocks):
+        owner, filled = owners.get(b, (None, 0))
+        y = num_blocks - 1 - b
+        _draw_block(ax, right, y + 0.1, 1.6, 0.8, owner, filled, block_size)
+        ax.text(right + 1.8, y + 0.5, f"block {b}", va="center", fontsize=7)
+    ax.text(right + 0.8, num_blocks + 0.2, "physical blocks", ha="center", fontsize=8)
+    row_height = num_blocks / len(tables)
+    for k, (name, (blocks, n)) in enumerate(tables.items()):
+        y = num_blocks - (k + 0.5) * row_height
+        ax.text(0, y + 1.3, f"{name}: {n} tokens", fontsize=8, va="bottom")
+        for i, b in enumerate(blocks):
+            filled = min(block_size, n - i * block_size)
+            _draw_block(ax, i * 1.2, y, 1.0, 1.0, k, filled, block_size, f"L{i}", 7)
+            ax.add_patch(
+                plt.Rectangle((i * 1.2, y - 1.1), 1.0, 0.9, fc="white", ec="#999999")
+            )
+            ax.text(
+                i * 1.2 + 0.5, y - 0.65, str(b), ha="center", va="center", fontsize=7
+            )
+            ax.annotate(
+                "",
+                xy=(right, num_blocks - 1 - b + 0.5),
+                xytext=(i * 1.2 + 1.0, y - 0.65),
+                arrowprops={"arrowstyle": "->", "color": owner_color(k), "lw": 0.8},
+            )
+        for text, dy in (("logical blocks", 0.5), ("block table", -0.65)):
+            ax.text(-0.2, y + dy, text, ha="right", va="center", fontsize=7)
+    ax.set_xlim(-2.2, right + 3.2)
+    ax.set_ylim(-0.5, num_blocks + 1)
+    ax.axis("off")
+
+
+def draw_slot_mapping(
+    ax,
+    slots: list[int],
+    labels: list[str],
+    num_blocks: int,
+    block_size: int,
+) -> None:
+    """The cache's slots as one strip, block by block, and an arrow from each entry
+    of a slot mapping (``slots``, tokens named by ``labels``) to the slot it writes."""
+    total = num_blocks * block_size
+    for b in range(num_blocks):
+        ax.add_patch(
+            plt.Rectangle(
+                (b * block_size, 0), block_size, 1, fc="none", ec="black", lw=1
+            )
+        )
+        first = b * block_size
+        label = f"block {b}\n{first}-{first + block_size - 1}"
+        ax.text((b + 0.5) * block_size, -0.3, label, ha="center", va="top", fontsize=7)
+    for s in range(total):
+        written = s in slots
+        ax.add_patch(
+            plt.Rectangle(
+                (s, 0.1),
+                1,
+                0.8,
+                fc=COLORS["used"] if written else "white",
+                ec="#bbbbbb",
+                lw=0.3,
+            )
+        )
+    step = total / (len(slots) + 1)
+    for k, (slot, label) in enumerate(zip(slots, labels)):
+        x = step * (k + 1)
+        ax.add_patch(plt.Rectangle((x - 2.5, 3), 5, 1, fc="white", ec="#999999"))
+        ax.text(x, 3.5, str(slot), ha="center", va="center", fontsize=7)
+        ax.text(x, 4.3, label, ha="center", fontsize=7)
+        ax.annotate(
+            "",
+            xy=(slot + 0.5, 0.95),
+            xytext=(x, 3),
+            arrowprops={"arrowstyle": "->", "color": COLORS["used"], "lw": 0.8},
+        )
+    ax.text(0, 4.3, "slot mapping", fontsize=8, ha="left")
+    ax.text(-1, -0.3, "slots", ha="right", va="top", fontsize=7)
+    ax.set_xlim(-5, total + 1)
+    ax.set_ylim(-1.8, 5)
+    ax.axis("off")
+
+
 def paged_pool_viewer():
-    """An ipywidgets viewer of a paged KV pool serving the W1 trace, with one request's block table."""
+    """An ipywidgets viewer of a paged KV pool serving W1, with one block table."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -250,34 +443,172 @@ def paged_pool_viewer():
         with out:
             out.clear_output(wait=True)
             fig, (ax, ax_t) = plt.subplots(
-                1, 2, figsize=(9, 4), gridspec_kw={"width_ratios": [3, 2]}
+                1, 2, figsize=(9, 5), gridspec_kw={"width_ratios": [4, 1]}
             )
             first = min(tables, default=None)
             draw_block_grid(
                 ax, owners, blocks.value, block_size.value, columns=16, highlight=first
             )
             ax.set_title(
-                f"step {step}: {len(tables)} requests, {len(owners)}/{blocks.value} blocks in use"
+                f"step {step}: {len(tables)} requests, "
+                f"{len(owners)}/{blocks.value} blocks in use",
+                fontsize=10,
+            )
+            ax.legend(
+                handles=block_legend_handles(highlight=True),
+                loc="upper center",
+                bbox_to_anchor=(0.5, 0),
+                ncol=2,
+                fontsize=8,
             )
             ax_t.axis("off")
             if first is not None:
-                lines = [
-                    f"logical {i:3} -> physical {b:3}"
-                    for i, b in enumerate(tables[first][:16])
-                ]
-                if len(tables[first]) > 16:
-                    lines.append(f"... {len(tables[first]) - 16} more")
-                ax_t.text(
-                    0,
-                    1,
-                    f"block table of request {first} (outlined):\n" + "\n".join(lines),
-                    va="top",
-                    family="monospace",
-                    fontsize=8,
-                )
+                draw_block_table(ax_t, tables[first], owners, block_size.value, first)
             plt.show()
 
     for control in (blocks, block_size, rate, frame):
         control.observe(redraw, names="value")
     redraw()
     display(w.VBox([w.HBox([blocks, block_size, rate]), frame, out]))
+
+
+# Chapter 07: one prompt forking into beams ----------------------------------------
+
+
+def trace_beam_search(
+    prompt_len: int = 9,
+    beam_width: int = 4,
+    max_tokens: int = 8,
+    block_size: int = 4,
+    model: str = "tiny-llama",
+    seed: int = 0,
+) -> tuple[dict, ...]:
+    """Run one real beam search step by step and record its blocks.
+
+    Each frame is a dict: ``step``; ``beams``, a list of ``(seq_id, blocks,
+    tokens)`` for the running beams (their block tables in logical order and
+    how many tokens have K/V); ``refs``, block -> reference count;
+    ``copies``, the ``(src, dst)`` block copies the step made before its
+    forward pass; ``pruned``, the beams of the previous frame that are gone;
+    ``finished``, how many hypotheses have ended so far.
+    """
+    import torch
+
+    from .groups import BeamSearchGroup, BeamSearchParams
+    from .llm import LLM, RequestMetrics
+
+    llm = LLM(model, block_size=block_size, kv_cache_memory=2**20, seed=seed)
+    llm.eos_token_ids = frozenset()
+    g = torch.Generator().manual_seed(seed)
+    prompt = [1] + torch.randint(3, 259, (prompt_len - 1,), generator=g).tolist()
+    params = BeamSearchParams(beam_width=beam_width, max_tokens=max_tokens)
+    group = BeamSearchGroup(0, prompt, params)
+    llm._requests[0] = (group, None, RequestMetrics(0.0))
+    llm.scheduler.add(group)
+    frames, before = [], set()
+    step = 0
+    while llm.has_unfinished_requests():
+        llm.step()
+        beams = [
+            (s.seq_id, list(s.block_table.blocks), s.num_computed_tokens)
+            for s in group.running_seqs
+            if s.block_table is not None
+        ]
+        now = {b[0] for b in beams}
+        refs = llm.block_manager.ref_counts
+        frames.append(
+            {
+                "step": step,
+                "beams": beams,
+                "refs": {b: refs[b] for _, blocks, _ in beams for b in blocks},
+                "copies": list(llm.last_plan.block_copies),
+                "pruned": sorted(before - now),
+                "finished": len(group.finished),
+            }
+        )
+        before, step = now, step + 1
+    return tuple(frames)
+
+
+def draw_beam_frame(ax, frame: dict, block_size: int, width: int) -> None:
+    """One frame of `trace_beam_search`: a row per beam, its blocks left to right.
+
+    A block held by one beam is blue, one shared by several green; a block the
+    step just copied (copy-on-write) has a thick black outline.
+    """
+    copied = {dst for _, dst in frame["copies"]}
+    for row, (seq_id, blocks, tokens) in enumerate(frame["beams"]):
+        y = len(frame["beams"]) - 1 - row
+        for i, block in enumerate(blocks):
+            filled = min(block_size, max(0, tokens - i * block_size))
+            shared = frame["refs"][block] > 1
+            color = COLORS["shared"] if shared else COLORS["used"]
+            part = 0.92 * filled / block_size
+            ax.add_patch(plt.Rectangle((i, y), 0.92, 0.8, fc="white", ec=color))
+            ax.add_patch(plt.Rectangle((i, y), part, 0.8, fc=color, ec=color))
+            if block in copied:
+                ax.add_patch(
+                    plt.Rectangle((i, y), 0.92, 0.8, fill=False, ec="black", lw=2)
+                )
+            dark = filled > block_size / 2
+            ax.text(
+                i + 0.46,
+                y + 0.4,
+                str(block),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if dark else "#333333",
+            )
+        ax.text(-0.2, y + 0.4, f"beam {seq_id}", ha="right", va="center", fontsize=7)
+    ax.set_xlim(-2.2, width)
+    ax.set_ylim(-0.2, max(1, len(frame["beams"])))
+    ax.axis("off")
+
+
+def beam_legend_handles() -> list:
+    """Legend entries for `draw_beam_frame`."""
+    return [
+        Patch(fc=COLORS["used"], label="block held by one beam"),
+        Patch(fc=COLORS["shared"], label="block shared (ref > 1)"),
+        Patch(fc="white", ec="black", lw=2, label="copied this step"),
+    ]
+
+
+def beam_search_viewer():
+    """An ipywidgets viewer of `trace_beam_search`: step through the beams."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    width = w.IntSlider(4, min=2, max=8, description="beams")
+    block_size = w.Dropdown(options=[2, 4, 8], value=4, description="block size")
+    step = w.IntSlider(0, min=0, max=0, description="step")
+    out = w.Output()
+
+    def redraw(*_):
+        frames = trace_beam_search(beam_width=width.value, block_size=block_size.value)
+        step.max = len(frames) - 1
+        frame = frames[min(step.value, step.max)]
+        cols = max(len(b[1]) for f in frames for b in f["beams"]) + 1
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * width.value))
+            draw_beam_frame(ax, frame, block_size.value, cols)
+            ax.set_title(
+                f"step {frame['step']}: {len(frame['copies'])} copies, "
+                f"{len(frame['pruned'])} beams pruned, {frame['finished']} finished",
+                fontsize=10,
+            )
+            ax.legend(
+                handles=beam_legend_handles(),
+                loc="upper center",
+                bbox_to_anchor=(0.5, 0),
+                ncol=3,
+                fontsize=8,
+            )
+            plt.show()
+
+    for control in (width, block_size, step):
+        control.observe(redraw, names="value")
+    redraw()
+    display(w.VBox([w.HBox([width, block_size]), step, out]))

@@ -14,7 +14,9 @@ means matched to the ShareGPT statistics that Kwon et al. (SOSP 2023, §6.1)
 report for their serving traces: 161 input and 338 output tokens on average.
 The spread (``sigma``) is our choice, picked to give the heavy right tail that
 paper's Figure 11 shows; the paper does not publish it. Requests whose prompt
-plus output exceed the maximum model length are drawn again.
+plus output exceed the maximum model length are drawn again, which trims the
+long tail: the trace's mean lengths come out below those targets (chapter 02
+prints them).
 
 W2, uniform (`uniform_workload`): input and output lengths uniform in
 [100, 1024], as in nano-vllm's benchmark, EOS ignored.
@@ -76,7 +78,7 @@ def chat_workload(
     sigma_prompt: float = 1.0,
     sigma_output: float = 0.8,
 ) -> list[Request]:
-    """W1: ``n`` chat-like requests with heavy-tailed, ShareGPT-like lengths (see module doc).
+    """W1: ``n`` chat-like requests, heavy-tailed ShareGPT-like lengths (module doc).
 
     ``arrival_rate`` is in requests per step; ``None`` means all arrive at step 0.
     """
@@ -105,7 +107,10 @@ def uniform_workload(
     low: int = 100,
     high: int = 1024,
 ) -> list[Request]:
-    """W2: ``n`` requests with prompt and output lengths uniform in ``[low, high]`` (nano-vllm's bench)."""
+    """W2: ``n`` requests, prompt and output lengths uniform in ``[low, high]``.
+
+    As in nano-vllm's benchmark.
+    """
     if n < 1 or not 1 <= low <= high:
         raise ValueError(
             f"need n >= 1 and 1 <= low <= high, got n={n}, low={low}, high={high}"
@@ -121,16 +126,19 @@ def uniform_workload(
 
 
 class MemoryPool(Protocol):
-    """What the simulator needs from a KV-cache memory manager (token-slot granularity)."""
+    """What the simulator needs from a KV-cache memory manager (in token slots)."""
 
     capacity: int
 
     def try_admit(self, req: Request, num_tokens: int) -> bool:
-        """Give ``req`` memory for ``num_tokens`` tokens (its prompt, or all it had when preempted)
-        plus whatever the policy reserves; False if it does not fit now."""
+        """Give ``req`` memory for ``num_tokens`` tokens plus what the policy reserves.
+
+        ``num_tokens`` is its prompt, or all it held when it was preempted; False
+        if it does not fit now.
+        """
 
     def append_token(self, req: Request, held: int) -> bool:
-        """``req`` now holds ``held`` tokens; False if the pool cannot give it room for the new one."""
+        """``req`` now holds ``held`` tokens; False if there is no room."""
 
     def release(self, req: Request) -> None:
         """Free everything ``req`` holds."""
@@ -138,7 +146,10 @@ class MemoryPool(Protocol):
     def usage(
         self, held: dict[int, int], waiting_head: Request | None
     ) -> dict[str, int]:
-        """Split ``capacity`` slots into states (keys of `pagedkv_lab.plotting.COLORS`); must sum to capacity."""
+        """Split ``capacity`` slots into states (keys of ``plotting.COLORS``).
+
+        The values must add up to ``capacity``.
+        """
 
 
 @dataclass
@@ -158,13 +169,17 @@ class SimResult:
     def steps(self) -> int:
         return len(self.running)
 
+    def _mask(self, loaded_only: bool) -> np.ndarray:
+        if loaded_only and (self.waiting > 0).any():
+            return self.waiting > 0
+        return np.ones(self.steps, bool)
+
     def fractions(self, loaded_only: bool = True) -> dict[str, float]:
-        """Mean fraction of the pool in each state; ``loaded_only`` averages over steps with requests waiting."""
-        mask = (
-            self.waiting > 0
-            if loaded_only and (self.waiting > 0).any()
-            else np.ones(self.steps, bool)
-        )
+        """Mean fraction of the pool in each state.
+
+        ``loaded_only`` averages over the steps in which requests were waiting.
+        """
+        mask = self._mask(loaded_only)
         return {k: float(v[mask].mean() / self.capacity) for k, v in self.usage.items()}
 
     @property
@@ -172,12 +187,8 @@ class SimResult:
         return int(self.running.max()) if self.steps else 0
 
     def mean_running(self, loaded_only: bool = True) -> float:
-        mask = (
-            self.waiting > 0
-            if loaded_only and (self.waiting > 0).any()
-            else np.ones(self.steps, bool)
-        )
-        return float(self.running[mask].mean())
+        """Mean number of running requests (over loaded steps by default)."""
+        return float(self.running[self._mask(loaded_only)].mean())
 
 
 def simulate(
@@ -188,24 +199,28 @@ def simulate(
     max_steps: int = 1_000_000,
     snapshot_every: int | None = None,
 ) -> SimResult:
-    """Serve ``requests`` through ``pool`` one step at a time and record its state after each step.
+    """Serve ``requests`` through ``pool`` a step at a time; record the pool each step.
 
-    Each step: admit waiting requests first-come-first-served while the pool
-    accepts them (a request that does not fit blocks those behind it); every
-    running request produces one token (a newly admitted one holds its prompt
-    plus that token); the pool's state is recorded; finished requests free
-    their memory. If the pool cannot grow a request, the most recently started
-    request is preempted: it frees everything and goes back to the head of the
-    queue, keeping the tokens it generated; when readmitted it recomputes their
-    K/V in one prefill, as vLLM's recompute preemption does. With ``snapshot_every``, the layout
-    ``{"step", "held", "waiting_head", "layout"}`` is kept (``layout`` from
-    ``pool.layout()`` when the pool has one) every that many steps.
+    Each step: (1) arrived requests join the queue; (2) waiting requests are
+    admitted first-come-first-served while the pool accepts them (one that does
+    not fit blocks those behind it); (3) every running request produces one
+    token (a newly admitted one holds its prompt plus that token); if the pool
+    cannot grow a request, the most recently started one is preempted: it frees
+    everything and goes back to the head of the queue, keeping its tokens, and
+    on readmission recomputes their K/V in one prefill, as vLLM's recompute
+    preemption does; (4) the pool's state is recorded; (5) finished requests
+    free their memory.
+
+    With ``snapshot_every``, a dict ``{"step", "held", "waiting_head", "layout",
+    "tables"}`` is kept every that many steps: ``layout`` from ``pool.layout()``
+    and ``tables`` (request id -> block table, logical order) from
+    ``pool.block_tables()``, each None when the pool has no such method.
     """
     pending = deque(sorted(requests, key=lambda r: (r.arrival, r.id)))
     waiting: deque[Request] = deque()
     running: dict[int, Request] = {}  # insertion order = start order
-    held: dict[int, int] = {}
-    resume: dict[int, int] = {}  # preempted request -> tokens it held
+    held: dict[int, int] = {}  # request id -> tokens it holds
+    resume: dict[int, int] = {}  # preempted request id -> tokens it held
     start: dict[int, int] = {}
     finish: dict[int, int] = {}
     usage: dict[str, list[int]] = {}
@@ -215,8 +230,10 @@ def simulate(
     while pending or waiting or running:
         if step >= max_steps:
             raise RuntimeError(f"simulation did not finish in {max_steps} steps")
+        # (1) Requests that have arrived join the queue.
         while pending and pending[0].arrival <= step:
             waiting.append(pending.popleft())
+        # (2) Admit from the head of the queue until one does not fit.
         while waiting and (max_num_seqs is None or len(running) < max_num_seqs):
             req = waiting[0]
             num_tokens = resume.get(req.id, req.prompt_len)
@@ -226,6 +243,8 @@ def simulate(
             resume.pop(req.id, None)
             running[req.id], held[req.id] = req, num_tokens
             start.setdefault(req.id, step)
+        # (3) Every running request produces one token; preempt the newest if
+        # the pool cannot make room for it.
         for rid in list(running):
             if rid not in running:  # preempted earlier in this loop
                 continue
@@ -239,21 +258,15 @@ def simulate(
                     break
             if rid in running:
                 held[rid] += 1
+        # (4) Record how the pool's slots are used.
         head = waiting[0] if waiting else None
         for key, value in pool.usage(held, head).items():
             usage.setdefault(key, []).append(value)
         n_running.append(len(running))
         n_waiting.append(len(waiting))
         if snapshot_every and step % snapshot_every == 0:
-            layout = pool.layout() if hasattr(pool, "layout") else None
-            snaps.append(
-                {
-                    "step": step,
-                    "held": dict(held),
-                    "waiting_head": head,
-                    "layout": layout,
-                }
-            )
+            snaps.append(_snapshot(pool, step, held, head))
+        # (5) Finished requests free their memory.
         for rid in [r for r, req in running.items() if held[r] >= req.total_len]:
             pool.release(running.pop(rid))
             del held[rid]
@@ -269,3 +282,14 @@ def simulate(
         preemptions=preemptions,
         snapshots=snaps,
     )
+
+
+def _snapshot(pool, step: int, held: dict[int, int], head: Request | None) -> dict:
+    """The pool's layout at ``step``, for viewers that redraw it later."""
+    return {
+        "step": step,
+        "held": dict(held),
+        "waiting_head": head,
+        "layout": pool.layout() if hasattr(pool, "layout") else None,
+        "tables": pool.block_tables() if hasattr(pool, "block_tables") else None,
+    }

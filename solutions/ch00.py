@@ -1,11 +1,35 @@
 """Solutions to chapter 00's exercises."""
 
+import torch
+
+from pagedkv_lab.models import load_model
+
 
 def gqa_group(config) -> int:
-    """Query heads per KV head; configs without ``num_key_value_heads`` use multi-head attention."""
+    """Query heads per KV head; configs without ``num_key_value_heads`` use multi-head
+    attention."""
     kv_heads = config.num_key_value_heads or config.num_attention_heads
     return config.num_attention_heads // kv_heads
 
 
-# Exercise 2: tiny-qwen2 stores 1 KV head of 16 numbers per layer and token, tiny-llama 2 of 16;
-# with 2 layers each and float32, that is 256 vs 512 bytes per token: Qwen2's 6 query heads share one KV head.
+def cache_bytes_per_token(name: str) -> int:
+    """Bytes per cached token, measured on the cache ``generate`` returns."""
+    model, tokenizer = load_model(name)
+    inputs = tokenizer("Once upon a time", return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(
+            **inputs, max_new_tokens=4, do_sample=False, return_dict_in_generate=True
+        )
+    cache = out.past_key_values
+    total = sum(
+        t.numel() * t.element_size()
+        for layer in cache.layers
+        for t in (layer.keys, layer.values)
+    )
+    return total // cache.get_seq_length()
+
+
+# Exercise 2: tiny-llama stores 512 bytes per token (2 layers x 2 KV heads x 16 x 4
+# bytes x K and V), tiny-qwen2 and tiny-mistral 256 each: Qwen2's six query heads share
+# one KV head of 16, and Mistral keeps two KV heads of only 8 numbers. The number and
+# width of KV heads, not of query heads, size the cache.

@@ -1,5 +1,7 @@
 """Solutions to chapter 01's exercises."""
 
+from pagedkv_lab.kvmath import KVSpec, kv_budget
+
 
 def bytes_per_token(config, dtype_bytes: int) -> int:
     """2 (K and V) x layers x KV heads x head_dim x bytes per element."""
@@ -13,8 +15,13 @@ def max_requests(budget_bytes: int, bytes_per_token: int, max_len: int) -> int:
     return max(0, budget_bytes // (bytes_per_token * max_len))
 
 
-# Exercise 3:
-#   from pagedkv_lab.kvmath import KVSpec, kv_budget, gpu_memory_bytes, real_model_configs
-#   cfg = real_model_configs()["Llama-3-8B"]
-#   spec = KVSpec(cfg.num_hidden_layers, cfg.num_key_value_heads, 128, dtype_bytes=1)
-#   spec.tokens_in(kv_budget(cfg, gpu_memory_bytes()["L4"])) // 2048   # twice the fp16 figure (up to rounding)
+def longest_request(config, gpu_bytes: int, kv_dtype_bytes: int) -> int:
+    """Tokens of the longest request whose K/V fit next to the fp16 weights."""
+    spec = KVSpec.from_config(config)
+    spec = KVSpec(spec.num_layers, spec.num_kv_heads, spec.head_dim, kv_dtype_bytes)
+    return spec.tokens_in(kv_budget(config, gpu_bytes))
+
+
+# Exercise 3: on an L4 (24 GiB) Llama-3-8B's fp16 weights leave room for about 42,000
+# tokens of fp16 cache, twice that in fp8: one conversation longer than the model's
+# 8192-token context fits either way, and 2048-token requests number 20 and 41.

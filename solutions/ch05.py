@@ -9,10 +9,16 @@ def positions_for(num_computed: int, num_new: int) -> list[int]:
 
 
 def logits_rows(query_lens: list[int]) -> list[int]:
-    """Each sequence's last token sits at the running total of query lengths, minus one."""
+    """A sequence's last token sits at the running total of query lengths, minus 1."""
     return [end - 1 for end in accumulate(query_lens)]
 
 
-# Exercise 3: outputs stay identical for any block size (attention reads the same keys, wherever they are).
-# block_size=1 holds exactly as many blocks as tokens; block_size=128 holds one block per sequence here,
+def blocks_held(prompt_lens: list[int], new_tokens: int, block_size: int) -> int:
+    """Every token but the last sampled one has K/V; each sequence rounds up."""
+    return sum(-(-(p + new_tokens - 1) // block_size) for p in prompt_lens)
+
+
+# Exercise 3, by running: outputs stay identical for any block size (attention
+# reads the same keys, wherever they are). block_size=1 holds exactly as many
+# blocks as tokens (292); block_size=128 holds one block per sequence here (6),
 # most of it empty.

@@ -12,13 +12,36 @@ def static_steps(output_lens: list[int], batch_size: int) -> int:
 
 
 def continuous_steps(output_lens: list[int], batch_size: int) -> int:
-    """Each request takes the slot that frees first; the last one to end sets the total."""
+    """Each request takes the slot that frees first; the last to end sets the total."""
     free_at = [0] * batch_size
     for n in output_lens:
         heapq.heappush(free_at, heapq.heappop(free_at) + n)
     return max(free_at)
 
 
-# Exercise 3: with a 25% watermark, admission waits until 3 of the 12 blocks would stay free, so fewer
-# requests start early, fewer preemptions happen, and more steps may be needed: the watermark keeps room
-# for running sequences to grow into instead of giving it to newcomers who would be preempted later.
+def demo_preemptions(watermark: float) -> int:
+    """Serve the demo's six requests without a model: with EOS ignored, which
+    token is sampled does not change the schedule."""
+    from pagedkv_lab.block_manager import BlockManager
+    from pagedkv_lab.engine import SamplingParams, Sequence
+    from pagedkv_lab.scheduler import Scheduler, SequenceGroup
+
+    sched = Scheduler(
+        BlockManager(10, 4), max_model_len=2048, max_num_seqs=4, watermark=watermark
+    )
+    for i, (p, o) in enumerate([(5, 9), (3, 4), (9, 10), (2, 3), (6, 8), (4, 2)]):
+        params = SamplingParams(temperature=0, max_tokens=o, ignore_eos=True)
+        sched.add(SequenceGroup(i, Sequence(list(range(1, p + 1)), params)))
+    while sched.has_unfinished:
+        plan = sched.schedule()
+        for seq, n in zip(plan.seqs, plan.num_new_tokens):
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.append_token(5, None, 2048)
+        sched.free_finished()
+    return sched.num_preemptions
+
+
+# Why: the watermark keeps int(watermark * 10) blocks free when admitting, so
+# fewer requests start early; those that run have room to grow, so fewer are
+# preempted (and later recomputed), at the cost of admitting newcomers later.

@@ -1,29 +1,220 @@
 """The benchmarks run end to end on a CPU and compare like with like (no timing assertions)."""
 
+import subprocess
+import sys
+
+import pytest
 import torch
 
-from pagedkv_lab.bench import SYSTEMS, kernel_benchmark, main, serve_benchmark
+from pagedkv_lab import bench
+from pagedkv_lab.bench import (
+    PEAK_KV,
+    SYSTEMS,
+    find_vllm_python,
+    kernel_benchmark,
+    main,
+    serve_benchmark,
+    static_batches,
+    vllm_block_sizes,
+)
+from pagedkv_lab.kvmath import KVSpec
+from pagedkv_lab.models import offline_config
 from pagedkv_lab.workloads import Request
+
+REQUESTS = [
+    Request(i, 0.0, p, o)
+    for i, (p, o) in enumerate([(5, 9), (30, 3), (12, 20), (2, 40), (7, 7)])
+]
 
 
 def test_serve_benchmark_systems_agree_token_for_token():
-    requests = [
-        Request(i, 0.0, p, o)
-        for i, (p, o) in enumerate([(5, 9), (30, 3), (12, 20), (2, 40)])
-    ]
     rows, outputs = serve_benchmark(
         "tiny-llama",
+        REQUESTS,
+        device=torch.device("cpu"),
+        max_model_len=64,
+        budget_requests=2,
+        repeats=2,
+    )
+    assert [r["system"] for r in rows] == list(SYSTEMS)
+    assert all(r["output_tokens"] == sum(q.output_len for q in REQUESTS) for r in rows)
+    for name, outs in outputs.items():
+        assert outs == outputs["pagedkv"], name
+    spec = KVSpec.from_config(offline_config("tiny-llama"), torch.float32)
+    budget = spec.bytes_for(2 * 64)
+    for r in rows:
+        assert r["same_across_repeats"] and r["repeats"] == 2
+        assert r["model"] == "tiny-llama" and r["device"] == "cpu"
+        # one quantity for every system, measured from its own cache, never above the budget
+        assert 0 < r["peak_kv_MiB"] * 2**20 <= budget, r["system"]
+        if r["block_size"]:  # paged systems hold whole blocks
+            assert r["peak_kv_MiB"] * 2**20 % spec.bytes_for(r["block_size"]) == 0
+    ours = rows[0]
+    assert ours["ratio"] == 1 and ours["ttft_p50"] <= ours["ttft_p90"]
+    # static generate: batches sized by the budget, and its measured cache is the padded formula
+    hf = next(r for r in rows if r["system"] == "hf-generate")
+    batches = static_batches(
+        [q.prompt_len for q in REQUESTS],
+        [q.output_len for q in REQUESTS],
+        2 * 64,
+        256,
+    )
+    assert hf["batch_sizes"] == [len(b) for b in batches]
+    largest = max(
+        len(b)
+        * (
+            max(REQUESTS[i].prompt_len for i in b)
+            + max(REQUESTS[i].output_len for i in b)
+            - 1
+        )
+        for b in batches
+    )
+    assert hf["peak_kv_MiB"] * 2**20 == spec.bytes_for(largest)
+    # reserving max_model_len per request holds more than paging, on the same budget
+    contiguous = next(r for r in rows if r["system"] == "contiguous")
+    assert contiguous["peak_kv_MiB"] >= ours["peak_kv_MiB"]
+
+
+def test_static_batches_follow_the_kv_budget():
+    prompts, outputs = [5, 30, 12, 2, 7, 40], [9, 3, 20, 40, 7, 1]
+    batches = static_batches(prompts, outputs, 128, max_batch=256)
+    assert [i for b in batches for i in b] == list(range(6))  # trace order, each once
+
+    def need(b):
+        return len(b) * (max(prompts[i] for i in b) + max(outputs[i] for i in b) - 1)
+
+    for b in batches[:-1]:
+        assert need(b) <= 128
+        # maximal: adding the next request would break the budget
+        assert need(range(b.start, b.stop + 1)) > 128
+    assert need(batches[-1]) <= 128
+    # the batch limit caps them; the max-length policy is budget // max_model_len
+    assert all(len(b) <= 2 for b in static_batches(prompts, outputs, 10**6, 2))
+    assert [
+        len(b) for b in static_batches(prompts, outputs, 128, 256, "max-len", 64)
+    ] == [2] * 3
+    # a request longer than the budget alone still runs (alone)
+    assert static_batches([100], [100], 64, 8) == [range(0, 1)]
+    with pytest.raises(ValueError):
+        static_batches(prompts, outputs, 128, 8, "nope")
+
+
+def test_every_system_gets_the_same_warmup_and_requests_in_alternating_rounds(
+    monkeypatch,
+):
+    calls = []
+
+    class Fake:
+        block_size = 16
+
+        def __init__(self, setup, name):
+            self.name = name
+
+        def run(self, prompts, max_tokens):
+            calls.append((self.name, [list(p) for p in prompts], list(max_tokens)))
+            return bench._run_result(
+                1.0, [[0] * n for n in max_tokens], [0.1], [0.01], 0
+            )
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(
+        bench,
+        "_OursRunner",
+        lambda s, reserve: Fake(s, "contiguous" if reserve else "pagedkv"),
+    )
+    monkeypatch.setattr(bench, "_HFStaticRunner", lambda s: Fake(s, "hf-generate"))
+    rows, _ = serve_benchmark(
+        "tiny-llama",
+        REQUESTS,
+        device=torch.device("cpu"),
+        max_model_len=64,
+        systems=("pagedkv", "contiguous", "hf-generate"),
+        repeats=3,
+        warmup_requests=2,
+    )
+    names = [c[0] for c in calls]
+    assert names == ["pagedkv", "contiguous", "hf-generate"] * 2 + [
+        "hf-generate",
+        "contiguous",
+        "pagedkv",
+    ] + ["pagedkv", "contiguous", "hf-generate"]
+    warmups, timed = calls[:3], calls[3:]
+    assert all(c[1:] == warmups[0][1:] for c in warmups)
+    assert warmups[0][2] == [9, 3]  # the first requests, outputs cut to 16 tokens
+    assert all(c[1:] == timed[0][1:] for c in timed)
+    assert timed[0][2] == [q.output_len for q in REQUESTS]
+
+
+def test_vllm_block_sizes_are_multiples_of_32_that_fit():
+    assert vllm_block_sizes((16, 32, 48, 64, 128), 512, 4096) == [32, 64, 128]
+    assert vllm_block_sizes((32, 64, 128), 64, 128) == [32, 64]
+    assert vllm_block_sizes((32, 64), 100, 128) == [32, 64]
+    # a 100-token request needs 4 blocks of 32 (or 2 of 64): a 100-token pool has 3 (or 1)
+    assert vllm_block_sizes((32, 64), 100, 100) == []
+
+
+def test_serve_cli_names_model_and_device_and_defines_peak_kv(capsys, tmp_path):
+    figure = tmp_path / "serve.png"
+    main(
+        [
+            "serve",
+            "--model",
+            "tiny-llama",
+            "--num-requests",
+            "3",
+            "--max-model-len",
+            "64",
+            "--budget-requests",
+            "2",
+            "--repeats",
+            "1",
+            "--systems",
+            "pagedkv",
+            "hf-generate",
+            "--plot",
+            str(figure),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "serve: tiny-llama on cpu" in out and "workload w1" in out
+    assert " ".join(PEAK_KV.split()) in " ".join(out.split())
+    # print_serve_table's lines fit the book's 88 columns
+    table = out[out.index("serve: tiny-llama") : out.index("requests with")]
+    assert max(map(len, table.splitlines())) <= 88
+    assert "(of 3): {'pagedkv': 3, 'hf-generate': 3}" in out
+    assert figure.stat().st_size > 0
+
+
+def test_importing_the_bench_does_not_import_vllm():
+    code = "import sys, pagedkv_lab, pagedkv_lab.bench; print('vllm' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(
+    find_vllm_python() is None, reason="vLLM is not installed (optional peer)"
+)
+def test_vllm_peer_gives_our_greedy_tokens_on_the_same_budget():
+    # vLLM's CPU attention has no kernel for tiny-llama's head_dim 16: the small model it is
+    requests = REQUESTS[:3]
+    rows, outputs = serve_benchmark(
+        "small-llama",
         requests,
         device=torch.device("cpu"),
         max_model_len=64,
         budget_requests=2,
+        systems=("pagedkv", "vllm"),
+        vllm_block_sizes_to_try=(32,),
     )
-    assert [r["system"] for r in rows] == list(SYSTEMS)
-    assert all(r["output_tokens"] == sum(q.output_len for q in requests) for r in rows)
-    for name, outs in outputs.items():
-        assert outs == outputs["pagedkv"], name
-    ours = rows[0]
-    assert ours["peak_kv_MiB"] > 0 and ours["ttft_p50"] <= ours["ttft_p90"]
+    assert [r["system"] for r in rows] == ["pagedkv", "vllm-b32"]
+    assert outputs["vllm-b32"] == outputs["pagedkv"]
+    spec = KVSpec.from_config(offline_config("small-llama"), torch.float32)
+    assert 0 < rows[1]["peak_kv_MiB"] * 2**20 <= spec.bytes_for(2 * 64)
+    assert rows[1]["versions"]["vllm"]
 
 
 def test_kernel_benchmark_rows_and_cli(capsys):

@@ -13,6 +13,7 @@ from pagedkv_lab.engine import (
     sample,
 )
 from pagedkv_lab.models import load_model
+from pagedkv_lab.paging import BlockAllocator, BlockTable
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -53,6 +54,15 @@ MODELS = {
 }
 
 
+def _table(runner):
+    """A fresh block table over the runner's pool (one allocator per runner)."""
+    if not hasattr(runner, "_test_allocator"):
+        runner._test_allocator = BlockAllocator(
+            runner.kv_cache.num_blocks, runner.block_size
+        )
+    return BlockTable(runner._test_allocator)
+
+
 def _reference(model, prompt, n):
     return greedy_alone(model, prompt, n)
 
@@ -72,7 +82,7 @@ def test_greedy_matches_generate_around_block_boundaries(name, block_size):
     prompts = _prompts(lengths, seed=block_size)
     runner = ModelRunner(paged, num_blocks=256, block_size=block_size)
     seqs = run_to_completion(
-        runner, [Sequence(p, GREEDY, runner.new_block_table()) for p in prompts], None
+        runner, [Sequence(p, GREEDY, _table(runner)) for p in prompts], None
     )
     for p, seq in zip(prompts, seqs):
         assert seq.output_token_ids == _reference(reference, p, 12), (
@@ -89,14 +99,15 @@ def test_many_prompts_together_and_mixed_prefill_decode():
     runner = ModelRunner(paged, num_blocks=512, block_size=8)
     g = torch.Generator().manual_seed(5)
     prompts = _prompts(torch.randint(1, 60, (16,), generator=g).tolist(), seed=5)
-    seqs = [Sequence(p, GREEDY, runner.new_block_table()) for p in prompts]
+    seqs = [Sequence(p, GREEDY, _table(runner)) for p in prompts]
     # Start half of them two steps early, so later steps mix prefills with decodes.
     early, late = seqs[:8], seqs[8:]
     for _ in range(2):
         num_new = [s.num_tokens - s.num_computed_tokens for s in early]
         for s, n in zip(early, num_new):
             s.block_table.append(s.num_computed_tokens + n - s.block_table.num_tokens)
-        for s, t in zip(early, sample(runner.run(early, num_new), early)):
+        for s, n, t in zip(early, num_new, sample(runner.run(early, num_new), early)):
+            s.num_computed_tokens += n
             s.append_token(t, None, 2048)
     run_to_completion(runner, early + late, None)
     for p, s in zip(prompts, seqs):
@@ -107,18 +118,18 @@ def test_stop_conditions():
     model, tok = load_model("tiny-llama")
     runner = ModelRunner(model, num_blocks=64, block_size=8)
     probe = run_to_completion(
-        runner, [Sequence([1, 5, 6], GREEDY, runner.new_block_table())], None
+        runner, [Sequence([1, 5, 6], GREEDY, _table(runner))], None
     )[0]
     third = probe.output_token_ids[2]
     stop = Sequence(
         [1, 5, 6],
         SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[third]),
-        runner.new_block_table(),
+        _table(runner),
     )
     eos = Sequence(
         [1, 5, 6],
         SamplingParams(temperature=0, max_tokens=12),
-        runner.new_block_table(),
+        _table(runner),
     )
     run_to_completion(runner, [stop, eos], eos_token_id=probe.output_token_ids[0])
     assert stop.output_token_ids[-1] == third and stop.finish_reason == "stop"
@@ -130,7 +141,7 @@ def test_stop_conditions():
         runner,
         [
             Sequence(
-                [1, 5], SamplingParams(max_tokens=3, seed=1), runner.new_block_table()
+                [1, 5], SamplingParams(max_tokens=3, seed=1), _table(runner)
             )
         ],
         None,
@@ -145,17 +156,17 @@ def test_seeded_sampling_does_not_depend_on_the_batch():
         temperature=0.9, top_p=0.9, top_k=50, max_tokens=10, seed=123
     )
     alone = run_to_completion(
-        runner, [Sequence([1, 7, 8], params, runner.new_block_table())], None
+        runner, [Sequence([1, 7, 8], params, _table(runner))], None
     )[0]
     others = [
         Sequence(
             [1, 9],
             SamplingParams(temperature=1.0, max_tokens=10),
-            runner.new_block_table(),
+            _table(runner),
         )
         for _ in range(3)
     ]
-    together = Sequence([1, 7, 8], params, runner.new_block_table())
+    together = Sequence([1, 7, 8], params, _table(runner))
     run_to_completion(runner, [others[0], together, *others[1:]], None)
     assert together.output_token_ids == alone.output_token_ids
 
@@ -177,6 +188,19 @@ def test_sampler_respects_top_k_and_top_p():
         (dict(top_p=0), "top_p"),
         (dict(top_k=-2), "top_k"),
         (dict(max_tokens=0), "max_tokens"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(top_p=float("nan")), "top_p"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(top_k=True), "top_k"),
+        (dict(max_tokens=True), "max_tokens"),
+        (dict(max_tokens=3.0), "max_tokens"),
+        (dict(seed=1.5), "seed"),
+        (dict(seed=-1), "seed"),
+        (dict(n=0), "n"),
+        (dict(stop_token_ids=5), "stop_token_ids"),
+        (dict(stop_token_ids=["a"]), "stop token"),
+        (dict(ignore_eos=1), "ignore_eos"),
     ],
 )
 def test_bad_sampling_params(kwargs, message):
@@ -196,6 +220,39 @@ def test_runner_refuses_what_it_cannot_serve():
     with pytest.raises(ValueError, match="not supported"):
         ModelRunner(gpt2, 8)
     runner = ModelRunner(load_model("tiny-llama")[0], 8, block_size=4)
-    seq = Sequence([1, 2, 3], GREEDY, runner.new_block_table())
+    seq = Sequence([1, 2, 3], GREEDY, _table(runner))
     with pytest.raises(ValueError, match="cannot compute tokens"):
-        runner.prepare([seq], [3])  # block table not grown yet
+        # The block table has not grown yet.
+        runner.prepare([seq], [3])
+
+
+def test_tiny_temperatures_are_greedy_not_overflow():
+    logits = torch.tensor([[0.0, 30.0, 29.0]])
+    for t in (1e-9, 1e-6, 0.0):
+        seq = Sequence([1], SamplingParams(temperature=t, seed=0))
+        assert seq.params.greedy and sample(logits, [seq]) == [1]
+
+
+def test_runner_leaves_the_model_as_it_was():
+    model, _ = load_model("tiny-llama")
+    before = model.config._attn_implementation
+    expected = greedy_alone(model, [1, 5, 6, 7], 6)
+    runner = ModelRunner(model, num_blocks=16, block_size=4)
+    seq = Sequence([1, 5, 6, 7], GREEDY, _table(runner))
+    run_to_completion(runner, [seq], None)
+    assert model.config._attn_implementation == before
+    assert greedy_alone(model, [1, 5, 6, 7], 6) == expected
+    assert seq.output_token_ids[:6] == expected
+
+
+def test_block_copies_move_every_layer_and_read_before_writing():
+    model, _ = load_model("tiny-llama")
+    runner = ModelRunner(model, num_blocks=6, block_size=4)
+    data = runner.kv_cache.data
+    data.copy_(torch.randn(data.shape))
+    before = data.clone()
+    # 1 -> 4 and 4 -> 5 in one call: 5 must get 4's old content.
+    runner.kv_cache.copy_blocks([(1, 4), (4, 5)])
+    assert torch.equal(data[:, :, 4], before[:, :, 1])
+    assert torch.equal(data[:, :, 5], before[:, :, 4])
+    assert torch.equal(data[:, :, :4], before[:, :, :4])

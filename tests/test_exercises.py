@@ -28,6 +28,12 @@ CASES = [
         lambda cfg: cfg.num_attention_heads // cfg.num_key_value_heads,
     ),
     (
+        "ch00",
+        "cache_bytes_per_token",
+        exercises.check_cache_bytes_per_token,
+        lambda name: 512,
+    ),
+    (
         "ch01",
         "bytes_per_token",
         exercises.check_bytes_per_token,
@@ -46,6 +52,12 @@ CASES = [
         lambda budget, bpt, n: budget // (bpt * n),
     ),
     (
+        "ch01",
+        "longest_request",
+        exercises.check_longest_request,
+        lambda cfg, gpu, dtype_bytes: gpu // 1024,
+    ),
+    (
         "ch02",
         "best_fit",
         exercises.check_best_fit,
@@ -57,7 +69,10 @@ CASES = [
         exercises.check_external_fragmentation,
         lambda gaps, need: sum(gaps),
     ),
+    ("ch02", "pool_shares", exercises.check_pool_shares, lambda extra: (0.0, 0.0)),
     ("ch03", "blocks_for", exercises.check_blocks_for, lambda n, bs: n // bs),
+    ("ch03", "tail_waste", exercises.check_tail_waste, lambda n, bs: bs - n % bs),
+    ("ch03", "preemptions", exercises.check_preemptions, lambda w: 0),
     (
         "ch03",
         "slot_of",
@@ -95,12 +110,37 @@ CASES = [
         lambda c, n: list(range(n)),
     ),
     ("ch05", "logits_rows", exercises.check_logits_rows, lambda q: [n - 1 for n in q]),
+    (
+        "ch05",
+        "blocks_held",
+        exercises.check_blocks_held,
+        lambda lens, new, bs: sum(-(-(p + new) // bs) for p in lens),
+    ),
     ("ch06", "static_steps", exercises.check_static_steps, lambda lens, b: max(lens)),
     (
         "ch06",
         "continuous_steps",
         exercises.check_continuous_steps,
         lambda lens, b: sum(lens) // b,
+    ),
+    ("ch06", "demo_preemptions", exercises.check_demo_preemptions, lambda w: 2),
+    (
+        "ch07",
+        "blocks_after_fork",
+        exercises.check_blocks_after_fork,
+        lambda p, n, k, bs: -(-p // bs) + n * -(-k // bs),
+    ),
+    (
+        "ch07",
+        "copies_after_fork",
+        exercises.check_copies_after_fork,
+        lambda p, n, bs: n if p % bs else 0,
+    ),
+    (
+        "ch07",
+        "unshared_blocks",
+        exercises.check_unshared_blocks,
+        lambda p, n, k, bs: -(-(p + k) // bs),
     ),
 ]
 

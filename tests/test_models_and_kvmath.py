@@ -100,7 +100,10 @@ def test_real_model_numbers():
 def test_budget_and_capacity():
     cfg = real_model_configs()["Llama-2-7B"]
     gpus = gpu_memory_bytes()
-    assert kv_budget(cfg, gpus["T4"]) < 2048 * KVSpec.from_config(cfg).bytes_per_token
+    # Vendors' "GB" of GPU memory are GiB: an "80 GB" H100 has 80 * 2**30 bytes.
+    assert gpus["H100-80GB"] == 80 * 2**30 and gpus["T4"] == 16 * 2**30
+    request = 2048 * KVSpec.from_config(cfg).bytes_per_token
+    assert request <= kv_budget(cfg, gpus["T4"]) < 2 * request
     assert kv_budget(real_model_configs()["Llama-2-70B"], gpus["H100-80GB"]) < 0
     assert KVSpec(1, 1, 1, 2).tokens_in(-5) == 0
     assert format_bytes(512) == "512 B" and format_bytes(320 * 1024) == "320.0 KiB"

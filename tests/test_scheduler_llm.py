@@ -6,11 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import greedy_alone
 
+from pagedkv_lab.block_manager import BlockManager
 from pagedkv_lab.engine import SamplingParams, Sequence
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import load_model
-from pagedkv_lab.paging import BlockAllocator, BlockTable
-from pagedkv_lab.scheduler import Scheduler
+from pagedkv_lab.scheduler import Scheduler, SequenceGroup
 
 
 @settings(max_examples=80, deadline=None)
@@ -28,68 +28,59 @@ def test_scheduler_serves_everything_without_deadlock_or_leaks(
     requests, block_size, spare_blocks, max_num_seqs, watermark, budget
 ):
     largest = max(p + o for p, o in requests)
-    alloc = BlockAllocator(-(-largest // block_size) + spare_blocks, block_size)
+    bm = BlockManager(-(-largest // block_size) + spare_blocks, block_size)
     sched = Scheduler(
-        alloc,
+        bm,
         max_model_len=10_000,
-        eos_token_id=None,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         watermark=watermark,
     )
     seqs = [
-        Sequence(
-            [1] * p,
-            SamplingParams(temperature=0, max_tokens=o, ignore_eos=True),
-            BlockTable(alloc),
-        )
+        Sequence([1] * p, SamplingParams(temperature=0, max_tokens=o, ignore_eos=True))
         for p, o in requests
     ]
-    for s in seqs:
-        sched.add(s)
+    for i, s in enumerate(seqs):
+        sched.add(SequenceGroup(i, s))
     for _ in range(20_000):
         if not sched.has_unfinished:
             break
-        batch, num_new = sched.schedule()
-        assert batch, "the scheduler stalled with work left"
-        assert len(sched.running) <= max_num_seqs and sum(num_new) <= budget
-        owned = [b for s in sched.running for b in s.block_table.blocks]
+        plan = sched.schedule()
+        assert plan.seqs, "the scheduler stalled with work left"
+        assert not plan.block_copies
+        assert sched.num_running_seqs <= max_num_seqs
+        assert sum(plan.num_new_tokens) <= budget
+        owned = [b for g in sched.running for s in g.seqs for b in s.block_table.blocks]
         assert len(owned) == len(set(owned))
-        assert len(owned) + alloc.num_free == alloc.num_blocks
-        for s, n in zip(batch, num_new):
+        assert len(owned) + bm.num_free_blocks == bm.num_blocks
+        for s, n in zip(plan.seqs, plan.num_new_tokens):
             assert n >= 1 and s.num_computed_tokens + n <= s.num_tokens
-            assert s.block_table.num_tokens >= s.num_computed_tokens + n
-            s.num_computed_tokens += n  # what the model runner would do
-        ready = [s for s in batch if s.num_computed_tokens == s.num_tokens]
-        sched.postprocess(ready, [5] * len(ready))
-    assert not sched.has_unfinished and alloc.num_free == alloc.num_blocks
+            assert len(s.block_table.blocks) * block_size >= s.num_computed_tokens + n
+            # What the engine does after a forward pass.
+            s.num_computed_tokens += n
+            if s.num_computed_tokens == s.num_tokens:
+                s.append_token(5, None, 10_000)
+        sched.free_finished()
+    assert not sched.has_unfinished and bm.num_free_blocks == bm.num_blocks
     assert all(len(s.output_token_ids) == o for s, (_, o) in zip(seqs, requests))
 
 
 def test_reserve_mode_admits_fewer_requests_at_once():
     def peak(reserve):
-        alloc = BlockAllocator(64, 4)
         sched = Scheduler(
-            alloc,
+            BlockManager(64, 4),
             max_model_len=64,
-            eos_token_id=None,
-            reserve_tokens=64 if reserve else None,
+            reserve_tokens=64 if reserve else 0,
             watermark=0,
         )
-        for _ in range(10):
-            sched.add(
-                Sequence(
-                    [1] * 4,
-                    SamplingParams(max_tokens=4, ignore_eos=True),
-                    BlockTable(alloc),
-                )
-            )
+        for i in range(10):
+            params = SamplingParams(max_tokens=4, ignore_eos=True)
+            sched.add(SequenceGroup(i, Sequence([1] * 4, params)))
         sched.schedule()
         return len(sched.running)
 
-    assert (
-        peak(False) == 10 and peak(True) == 4
-    )  # 64 blocks / 16 blocks per max-length reservation
+    # 64 blocks / 16 blocks per max-length reservation.
+    assert peak(False) == 10 and peak(True) == 4
 
 
 def test_hundreds_of_requests_through_a_small_pool_match_generate_alone():
@@ -100,9 +91,8 @@ def test_hundreds_of_requests_through_a_small_pool_match_generate_alone():
         for k in torch.randint(1, 70, (n,), generator=g)
     ]
     max_tokens = torch.randint(1, 40, (n,), generator=g).tolist()
-    llm = LLM(
-        "tiny-qwen2", block_size=8, kv_cache_memory=40 * 8 * 256
-    )  # 40 blocks of 8 tokens, 256 bytes/token
+    # 40 blocks of 8 tokens, 256 bytes/token.
+    llm = LLM("tiny-qwen2", block_size=8, kv_cache_memory=40 * 8 * 256)
     assert llm.stats.num_blocks == 40
     outs = llm.generate(
         prompts,
@@ -117,7 +107,7 @@ def test_hundreds_of_requests_through_a_small_pool_match_generate_alone():
     for p, m, out in zip(prompts, max_tokens, outs):
         assert out.token_ids == greedy_alone(reference, p, m)
         assert out.prompt_token_ids == p
-    assert llm.runner.allocator.num_free == 40
+    assert llm.block_manager.num_free_blocks == 40
 
 
 def test_generate_api_outputs_metrics_and_progress_bar():
@@ -131,10 +121,10 @@ def test_generate_api_outputs_metrics_and_progress_bar():
     for o in outs:
         assert o.finish_reason in ("length", "stop") and 1 <= len(o.token_ids) <= 5
         assert o.text == llm.tokenizer.decode(o.token_ids, skip_special_tokens=True)
+        assert len(o.outputs) == 1 and o.outputs[0].index == 0 and o.error is None
         m = o.metrics
-        assert (
-            0 <= m.time_to_first_token <= m.e2e_latency and m.time_per_output_token >= 0
-        )
+        assert 0 <= m.time_to_first_token <= m.e2e_latency
+        assert m.time_per_output_token >= 0
     single = llm.generate(
         [1, 40, 41], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False
     )
@@ -143,36 +133,29 @@ def test_generate_api_outputs_metrics_and_progress_bar():
     assert s.steps > 0 and s.peak_running >= 2 and 0 < s.mean_utilization <= 1
 
 
-def test_bad_requests_fail_at_the_door_and_disturb_nothing():
-    llm = LLM(
-        "tiny-llama", kv_cache_memory=2**18, max_model_len=1024
-    )  # 512 tokens of KV
-    good = llm.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=4))
-    for prompt, params, message in [
-        ("", None, "empty"),
-        ([], None, "empty"),
-        ([1] * 1024, None, "no room"),
-        ([1, 400], None, "token ids"),
-        ([1, 2], SamplingParams(max_tokens=900), "whole pool holds 512"),
-    ]:
-        with pytest.raises(ValueError, match=message):
-            llm.add_request(prompt, params)
-    with pytest.raises(ValueError, match="2 prompts but 1"):
-        llm.generate(["a", "b"], [SamplingParams()])
-    finished = []
-    while llm.scheduler.has_unfinished:
-        finished += llm.step()
-    assert [o.request_id for o in finished] == [good]
-
-
 def test_llm_configuration_errors():
     with pytest.raises(ValueError, match="not even one block"):
         LLM("tiny-llama", kv_cache_memory=100)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs a CUDA device"):
             LLM("tiny-llama", kv_cache_memory=0.5)
-    with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        LLM("tiny-llama", max_num_batched_tokens=0)
+    for kwargs, message in [
+        (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
+        (dict(block_size=0), "block_size"),
+        (dict(block_size=-4), "block_size"),
+        (dict(block_size=2.0), "block_size"),
+        (dict(max_num_seqs=0), "max_num_seqs"),
+        (dict(max_model_len=0), "max_model_len"),
+        (dict(max_model_len=4096), "exceeds the model's 2048 positions"),
+        (dict(kv_cache_memory=2**16, max_model_len=1024), "do not fit the KV pool"),
+        (dict(kv_cache_memory="1GB"), "kv_cache_memory"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            LLM("tiny-llama", **kwargs)
+    # A default max_model_len shrinks to what the pool holds, so a reservation
+    # of max_model_len always fits.
+    llm = LLM("tiny-llama", kv_cache_memory=2**16, reserve_max_len=True)
+    assert llm.max_model_len == 128
 
 
 def test_chunked_prefill_matches_generate():
@@ -193,19 +176,19 @@ def test_chunked_prefill_matches_generate():
     reference, _ = load_model("tiny-llama")
     for p, out in zip(prompts, outs):
         assert out.token_ids == greedy_alone(reference, p, 9)
-    assert llm.stats.steps > 61 // 7  # the longest prompt alone needs several steps
+    # The longest prompt alone needs several steps.
+    assert llm.stats.steps > 61 // 7
 
 
 def test_a_saved_checkpoint_loads_by_path_like_a_hub_model(tmp_path):
-    """The real-checkpoint path (from_pretrained + AutoTokenizer) works offline on a checkpoint saved to disk."""
+    """The real-checkpoint path (from_pretrained + AutoTokenizer) works offline
+    on a checkpoint saved to disk."""
     model, tok = load_model("tiny-qwen2")
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     llm = LLM(str(tmp_path), kv_cache_memory=2**20)
-    assert (
-        llm.model.config.model_type == "qwen2"
-        and llm.tokenizer.eos_token_id == tok.eos_token_id
-    )
+    assert llm.model.config.model_type == "qwen2"
+    assert llm.eos_token_ids == {tok.eos_token_id}
     out = llm.generate(
         ["checkpoint on disk"],
         SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),

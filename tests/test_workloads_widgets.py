@@ -65,3 +65,53 @@ def test_viewer_frames_cover_the_pool_and_follow_the_simulation():
         used = sum(n for _, n, state in segments if state == "used")
         assert used / capacity == pytest.approx(stats["used"])
     assert [f[0] for f in frames] == list(range(0, 25 * len(frames), 25))
+
+
+def test_paged_viewer_draws_the_allocators_own_block_tables():
+    """The viewer's tables are the allocator's lists, in logical order, not sorted."""
+    from pagedkv_lab.paging import PagedPool
+    from pagedkv_lab.widgets import paged_trace_frames
+    from pagedkv_lab.workloads import simulate
+
+    recorded = {}
+
+    class RecordingPool(PagedPool):
+        def usage(self, held, waiting_head):
+            recorded[len(recorded)] = {
+                rid: list(t.blocks) for rid, t in self.tables.items()
+            }
+            return super().usage(held, waiting_head)
+
+    frames = paged_trace_frames(128, 16, 0.2, num_requests=30, every=5)
+    requests = chat_workload(30, seed=0, arrival_rate=0.2, max_model_len=2048)
+    simulate(requests, RecordingPool(128, 16))
+    unsorted = 0
+    for step, owners, tables in frames:
+        assert tables == recorded[step]
+        for rid, table in tables.items():
+            assert all(owners[b][0] == rid for b in table)
+            unsorted += table != sorted(table)
+    assert unsorted > 0  # logical order differs from physical order somewhere
+
+
+def test_block_drawings_render(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pagedkv_lab.widgets import (
+        draw_block_grid,
+        draw_block_table,
+        draw_paging_diagram,
+        draw_slot_mapping,
+    )
+
+    fig, axes = plt.subplots(1, 4)
+    owners = {0: (1, 16), 3: (1, 5), 2: (2, 16)}
+    draw_block_grid(axes[0], owners, 16, 16, columns=4, highlight=1)
+    draw_block_table(axes[1], [0, 3], owners, 16, 1)
+    draw_paging_diagram(axes[2], {"A": ([0, 3], 21), "B": ([2], 16)}, 4, 16)
+    draw_slot_mapping(axes[3], [20, 35], ["A 20", "B 15"], 4, 16)
+    fig.savefig(tmp_path / "blocks.png")
+    plt.close(fig)

@@ -1,0 +1,148 @@
+"""Pages a reader can read: nothing wider than the book's code column, tables in one block.
+
+The rendered site (sphinx-book-theme with ``_static/pagedkv.css``) shows code
+and printed output at 13px in a column that holds 88 characters in any window
+from 1366 px wide up (measured with headless Chromium; at the theme's default
+14px it held 87). A longer line is cut off at the right edge behind a scroll
+bar, so every committed code line and every printed text line must fit in
+``PAGE_COLUMNS``. A table printed by one cell must also reach the page as one
+output block: nbconvert splits a cell's prints into several stream outputs
+when they arrive at different times, and each becomes a separate box: print a
+table with one call, and execute with `make execute`, whose CoalesceStreams
+preprocessor merges a cell's consecutive prints into one output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE_COLUMNS = 88
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+PAGES = sorted((ROOT / "book").glob("*.md"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("ch*.py"))
+# Outputs the site shows instead of their text/plain fallback.
+RICH = ("image/", "text/html", "text/latex", "application/vnd.jupyter.widget-view")
+FENCE = re.compile(r"^(```+|~~~+)\s*(\S*)")
+# Fenced blocks a page shows as code: plain or language fences, and code directives.
+CODE_FENCES = ("", "{code-block}", "{code}", "{code-cell}")
+
+
+def _text(value) -> str:
+    return "".join(value) if isinstance(value, list) else value
+
+
+def _fenced_lines(markdown: str):
+    """Lines inside fenced code blocks of a markdown text (what the page shows as code)."""
+    fence, is_code = None, False
+    for line in markdown.splitlines():
+        match = FENCE.match(line.strip())
+        if fence is None and match:
+            fence, info = match.group(1), match.group(2)
+            is_code = not info.startswith("{") or info in CODE_FENCES
+            continue
+        if fence is not None and line.strip() == fence:
+            fence = None
+            continue
+        if fence is not None and is_code and not line.lstrip().startswith(":"):
+            yield line
+
+
+def _shown_text(output: dict) -> str:
+    """The text a page prints for one output, or "" when it shows something richer."""
+    if output["output_type"] == "stream":
+        return _text(output["text"])
+    if output["output_type"] == "error":
+        return "\n".join(output.get("traceback", []))
+    data = output.get("data", {})
+    if any(key.startswith(RICH) for key in data):
+        return ""
+    return _text(data.get("text/plain", ""))
+
+
+def wide_lines(notebook: Path, limit: int = PAGE_COLUMNS) -> list[str]:
+    """Every code, fenced-markdown or printed line of ``notebook`` wider than ``limit``."""
+    nb = json.loads(notebook.read_text())
+    found = []
+    for index, cell in enumerate(nb["cells"]):
+        source = _text(cell["source"])
+        if cell["cell_type"] == "code":
+            sources = [("code", source.splitlines())]
+            sources += [
+                (f"output {k}", _shown_text(out).splitlines())
+                for k, out in enumerate(cell.get("outputs", []))
+            ]
+        else:
+            sources = [("markdown code", list(_fenced_lines(source)))]
+        for where, lines in sources:
+            for line in lines:
+                if len(line) > limit:
+                    found.append(f"cell {index} {where} ({len(line)}): {line[:60]}...")
+    return found
+
+
+def split_tables(notebook: Path) -> list[str]:
+    """Cells whose printed text reaches the page as several consecutive stream blocks."""
+    nb = json.loads(notebook.read_text())
+    found = []
+    for index, cell in enumerate(nb["cells"]):
+        outputs = cell.get("outputs", [])
+        for a, b in zip(outputs, outputs[1:]):
+            if (
+                a["output_type"] == b["output_type"] == "stream"
+                and a["name"] == b["name"]
+            ):
+                first = _text(b["text"]).splitlines()[:1]
+                found.append(f"cell {index}: a new {b['name']} block starts at {first}")
+    return found
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_no_notebook_line_is_wider_than_the_page(notebook):
+    wide = wide_lines(notebook)
+    assert not wide, f"{len(wide)} lines wider than {PAGE_COLUMNS}:\n" + "\n".join(wide)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_each_cell_prints_one_block(notebook):
+    split = split_tables(notebook)
+    assert not split, "print a table once (join its lines):\n" + "\n".join(split)
+
+
+@pytest.mark.parametrize(
+    "path",
+    PAGES + SOLUTIONS,
+    ids=[p.relative_to(ROOT).as_posix() for p in PAGES + SOLUTIONS],
+)
+def test_no_book_page_or_solution_line_is_wider_than_the_page(path):
+    text = path.read_text()
+    lines = text.splitlines() if path.suffix == ".py" else list(_fenced_lines(text))
+    wide = [f"({len(x)}): {x[:60]}..." for x in lines if len(x) > PAGE_COLUMNS]
+    assert not wide, f"{path.name}: lines wider than {PAGE_COLUMNS}:\n" + "\n".join(
+        wide
+    )
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path):
+    cell = {
+        "cell_type": "code",
+        "source": ["x = 1\n", "y = '" + "a" * 90 + "'\n"],
+        "outputs": [
+            {"output_type": "stream", "name": "stdout", "text": ["row 1\n"]},
+            {"output_type": "stream", "name": "stdout", "text": ["row 2\n"]},
+            {
+                "output_type": "display_data",
+                "data": {"image/png": "", "text/plain": ["<Figure " + "." * 99 + ">"]},
+            },
+            {"output_type": "execute_result", "data": {"text/plain": ["b" * 89]}},
+        ],
+    }
+    path = tmp_path / "00_x.ipynb"
+    path.write_text(json.dumps({"cells": [cell]}))
+    wide = wide_lines(path)
+    assert len(wide) == 2 and "code" in wide[0] and "output 3" in wide[1]
+    assert len(split_tables(path)) == 1
