@@ -8,6 +8,7 @@ repository's ``solutions/`` folder, not here.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -372,7 +373,8 @@ def check_preemptions(fn: Callable) -> bool:
 
 
 def check_merge_two(fn: Callable) -> bool:
-    """``fn(out_a, lse_a, out_b, lse_b) -> out``: merge two partial attention results of one query."""
+    """``fn(out_a, lse_a, out_b, lse_b) -> out``: merge two partial attention results
+    of one query; a part with no keys has ``lse = -inf`` and any output, even NaN."""
     import torch
 
     gen = torch.Generator().manual_seed(4)
@@ -381,8 +383,11 @@ def check_merge_two(fn: Callable) -> bool:
         ("equal halves", 8, 8),
         ("uneven split", 3, 29),
         ("one key on one side", 1, 15),
+        ("scores far apart", 4, 4),
     ]:
         scores = torch.randn(n_a + n_b, dtype=torch.float64, generator=gen) * 3
+        if label == "scores far apart":
+            scores[:n_a] += 200.0  # e^score overflows unless the max is factored out
         values = torch.randn(n_a + n_b, 4, dtype=torch.float64, generator=gen)
         exact = torch.softmax(scores, 0) @ values
         parts = []
@@ -392,6 +397,14 @@ def check_merge_two(fn: Callable) -> bool:
                 torch.logsumexp(scores[sl], 0),
             ]
         cases.append((label, tuple(parts), exact))
+    out, lse = cases[0][1][0], cases[0][1][1]
+    nan, empty = torch.full((4,), float("nan"), dtype=torch.float64), -math.inf
+    empty_lse = torch.tensor(empty, dtype=torch.float64)
+    cases += [
+        ("second part empty (its output is NaN)", (out, lse, nan, empty_lse), out),
+        ("first part empty (its output is NaN)", (nan, empty_lse, out, lse), out),
+        ("both parts empty: zeros", (nan, empty_lse, nan, empty_lse), 0 * out),
+    ]
 
     def same(got, expected) -> bool:
         got = torch.as_tensor(got, dtype=torch.float64)
@@ -401,8 +414,9 @@ def check_merge_two(fn: Callable) -> bool:
         "merge_two",
         fn,
         cases,
-        "weights are exp(lse_a - lse) and exp(lse_b - lse), "
-        "with lse = logaddexp(lse_a, lse_b).",
+        "weights are exp(lse_a - lse) and exp(lse_b - lse) with lse = "
+        "logaddexp(lse_a, lse_b); leave out a part whose lse is -inf "
+        "(0 * NaN is NaN).",
         same=same,
     )
 
@@ -420,6 +434,26 @@ def check_visible_keys(fn: Callable) -> bool:
         fn,
         cases,
         "query j sits at position context_len - query_len + j and sees itself.",
+    )
+
+
+def check_decode_flops_per_byte(fn: Callable) -> bool:
+    """``fn(group, head_dim, bytes_per_element) -> float``: FLOPs per byte of K/V
+    that decode attention performs."""
+    cases = [
+        ("multi-head attention, fp16", (1, 128, 2), 1.0),
+        ("GQA group of 4, fp16", (4, 128, 2), 4.0),
+        ("group of 8, fp32", (8, 64, 4), 4.0),
+        ("group of 4, fp8, head_dim 80", (4, 80, 1), 8.0),
+    ]
+    return _run(
+        "decode_flops_per_byte",
+        lambda g, d, b: float(fn(g, d, b)),
+        cases,
+        "per query head and key: head_dim multiply-adds for the score and as many "
+        "for the output (a multiply-add is 2 FLOPs); per KV head and key the cache "
+        "supplies a key and a value of head_dim elements each.",
+        same=lambda got, expected: abs(got - expected) < 1e-9,
     )
 
 

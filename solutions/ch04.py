@@ -1,18 +1,37 @@
 """Solutions to chapter 04's exercises."""
 
+import math
+
 import torch
 
 
 def merge_two(out_a, lse_a, out_b, lse_b):
-    """Weights are each part's share of the total sum of exponentials."""
-    lse = torch.logaddexp(torch.as_tensor(lse_a), torch.as_tensor(lse_b))
-    return torch.exp(lse_a - lse) * out_a + torch.exp(lse_b - lse) * out_b
+    """Each part weighs its share of the total sum of exponentials, e^(lse_p - lse).
+
+    A part with no keys (lse = -inf) weighs 0, but its output may be NaN and
+    0 * NaN is NaN: leave it out instead of multiplying.
+    """
+    lse_a, lse_b = float(lse_a), float(lse_b)
+    if lse_a == -math.inf and lse_b == -math.inf:
+        return torch.zeros_like(torch.as_tensor(out_a))
+    if lse_b == -math.inf:
+        return out_a
+    if lse_a == -math.inf:
+        return out_b
+    lse = max(lse_a, lse_b) + math.log1p(math.exp(-abs(lse_a - lse_b)))
+    return math.exp(lse_a - lse) * out_a + math.exp(lse_b - lse) * out_b
 
 
 def visible_keys(context_len: int, query_len: int, j: int) -> int:
-    """Query j is at position context_len - query_len + j and attends to every position up to its own."""
+    """Query j sits at position context_len - query_len + j and sees every position
+    up to its own."""
     return context_len - query_len + j + 1
 
 
-# Exercise 3: the errors stay at rounding level. Each partition's (output, lse) pair summarises its keys
-# exactly, and softmax weights over lse values reproduce exp(score) / sum(exp) for any split.
+def decode_flops_per_byte(group: int, head_dim: int, bytes_per_element: int) -> float:
+    """Per KV head and key: 4 * head_dim FLOPs for each of the group's query heads
+    (2 * head_dim for the score q.k, 2 * head_dim for adding p * v), against a key
+    and a value of head_dim elements read from the cache."""
+    flops = 4 * head_dim * group
+    bytes_read = 2 * head_dim * bytes_per_element
+    return flops / bytes_read

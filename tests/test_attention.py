@@ -1,4 +1,5 @@
-"""Paged attention paths against a float64 reference, on fresh random shapes (Triton in its interpreter)."""
+"""Paged attention paths against a float64 reference, on fresh random shapes
+(Triton in its interpreter). The C++ kernel has its own file, test_cpu_kernel.py."""
 
 import math
 
@@ -176,10 +177,104 @@ def test_bad_arguments_fail_with_clear_messages():
         paged_decode_triton(q.half(), k, v, tables, lens)
     with pytest.raises(ValueError, match="query_start_loc"):
         paged_prefill_torch(q, k, v, tables, lens, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="queries <= context length"):
+        too_many = torch.tensor([0, 1, int(lens[1]) + 2])
+        paged_prefill_torch(
+            torch.randn(int(too_many[-1]), 4, 16), k, v, tables, lens, too_many
+        )
 
 
-def test_dispatch_uses_the_torch_path_on_cpu():
+def test_dispatch_on_cpu_uses_the_cpp_kernel_else_pytorch(monkeypatch):
     q, k, v, tables, lens = problem(3, 3, 8, 2, 64, 16, 3)
+    fast = attention.paged_attention_cpu(q, k, v, tables, lens)
+    expected = fast if fast is not None else paged_decode_torch(q, k, v, tables, lens)
+    assert torch.equal(paged_decode(q, k, v, tables, lens), expected)
+    monkeypatch.setattr(attention, "load_cpu_kernel", lambda: None)
     assert torch.equal(
         paged_decode(q, k, v, tables, lens), paged_decode_torch(q, k, v, tables, lens)
     )
+
+
+def test_out_of_range_block_ids_are_rejected_but_padding_is_not():
+    q, k, v, tables, lens = problem(5, 2, 4, 2, 16, 8, 3)
+    padded = tables.clone()
+    used = (lens + 7) // 8
+    padded[torch.arange(3) >= used[:, None]] = -1
+    paged_decode_torch(q, k, v, padded, lens)  # -1 past each sequence's end is fine
+    for bad in (-1, k.shape[0]):
+        broken = tables.clone()
+        broken[0, 0] = bad
+        with pytest.raises(ValueError, match="outside the cache"):
+            paged_decode(q, k, v, broken, lens)
+
+
+def test_length_buckets_pad_no_sequence_to_twice_its_length():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        blocks = torch.randint(
+            1, 300, (int(torch.randint(1, 20, (1,))),), generator=gen
+        )
+        blocks = blocks.tolist()
+        buckets = attention._length_buckets(blocks)
+        assert sorted(i for b in buckets for i in b) == list(range(len(blocks)))
+        for b in buckets:
+            width = max(blocks[i] for i in b)
+            assert blocks[b[0]] == width and all(2 * blocks[i] > width for i in b)
+
+
+def test_heavy_tailed_decode_batch_matches_float64():
+    q, k, v, tables, _ = problem(9, 9, 4, 2, 16, 4, 160)
+    lens = torch.tensor([640, 3, 17, 1, 40, 600, 9, 2, 33])
+    assert len(attention._length_buckets(((lens + 3) // 4).tolist())) > 1
+    ref = reference_paged_attention(q, k, v, tables, lens)
+    out = paged_decode_torch(q, k, v, tables, lens, workspace={})
+    assert (out.double() - ref).abs().max() < 2e-5
+
+
+def test_triton_accepts_block_tables_and_lengths_of_any_strides():
+    q, k, v, tables, lens = problem(11, 3, 4, 2, 32, 8, 5)
+    ref = reference_paged_attention(q, k, v, tables, lens)
+    column_major = tables.t().contiguous().t()  # transposed, then viewed back
+    assert column_major.stride() == (1, 3)
+    wide = torch.full((3, 10), -1, dtype=torch.int32)
+    wide[:, ::2] = tables  # every other column: a stride of 2 along the table
+    every_other = wide[:, ::2]
+    strided_lens = torch.stack([lens, lens * 0], 1)[:, 0]
+    for t in (column_major, every_other):
+        for bpp in (None, 2):
+            out = paged_decode_triton(q, k, v, t, strided_lens, blocks_per_part=bpp)
+            assert (out.double() - ref).abs().max() < 2e-5
+
+
+def test_triton_specialisations_stay_bounded_as_tables_grow(monkeypatch):
+    """Triton compiles one kernel per set of constexprs and of integer properties
+    (== 1, divisible by 16) of the arguments: count those sets while the block
+    table grows, as a decoding batch's does."""
+    kernel, keys = attention._paged_decode_kernel, set()
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **constexprs):
+                ints = tuple((a == 1, a % 16 == 0) for a in args if type(a) is int)
+                dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+                keys.add((tuple(sorted(constexprs.items())), ints, dtypes))
+                return kernel[grid](*args, **constexprs)
+
+            return launch
+
+    monkeypatch.setattr(attention, "_paged_decode_kernel", Recorder())
+    gen = torch.Generator().manual_seed(0)
+    bs, widths = 8, [1, 2, 3, 5, 8, 13, 16, 17, 21, 32, 33, 48]
+    k = torch.randn(2 * max(widths), bs, 1, 16, generator=gen)
+    v = torch.randn(2 * max(widths), bs, 1, 16, generator=gen)
+    for width in widths:
+        tables = torch.randperm(2 * max(widths), generator=gen)[: 2 * width]
+        tables = tables.reshape(2, width).int()
+        # the table is as wide as the batch's longest sequence; these two read
+        # at most two blocks, which keeps the interpreter quick
+        lens = torch.tensor([min(width * bs, 13), 1 + width % 5])
+        q = torch.randn(2, 2, 16, generator=gen)
+        out = paged_decode_triton(q, k, v, tables, lens)
+        ref = reference_paged_attention(q, k, v, tables, lens)
+        assert (out.double() - ref).abs().max() < 2e-5
+    assert len(keys) <= 3, f"{len(keys)} specialisations for {len(widths)} widths"

@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from pagedkv_lab import exercises
 
@@ -85,6 +86,23 @@ CASES = [
         lambda oa, la, ob, lb: (oa + ob) / 2,
     ),
     ("ch04", "visible_keys", exercises.check_visible_keys, lambda ctx, qlen, j: j + 1),
+    (
+        "ch04",
+        "merge_two",
+        exercises.check_merge_two,
+        # right on full parts, but an empty part's NaN output leaks through
+        lambda oa, la, ob, lb: (
+            torch.exp(la - torch.logaddexp(la, lb)) * oa
+            + torch.exp(lb - torch.logaddexp(la, lb)) * ob
+        ),
+    ),
+    (
+        "ch04",
+        "decode_flops_per_byte",
+        exercises.check_decode_flops_per_byte,
+        # forgets that the cache supplies a value as well as a key
+        lambda g, d, b: 4 * g / b,
+    ),
     (
         "ch05",
         "positions_for",

@@ -1,0 +1,339 @@
+// Paged attention on a CPU: the algorithm of chapter 04's Triton kernel, in C++.
+//
+// A work item takes one sequence, one KV head and the query rows that share it
+// (decode: the GQA group of the sequence's query; prefill: the group times a
+// chunk of queries). It walks the sequence's keys through its block table, a
+// tile of 16 tokens at a time, reading each K/V row where its block lies, and
+// keeps per row a running max m, normaliser l and unnormalised output acc
+// (online softmax). Math is fp32 whatever the cache stores. A `reg` is one
+// SIMD register of floats (16 with AVX-512, 8 with AVX2, 4 with SSE or NEON),
+// written with GCC/Clang vector extensions; a `vec` holds a tile's 16 scores.
+// OpenMP runs the work items in parallel. pagedkv_lab/attention.py builds it
+// with the system's compiler and calls it through ctypes.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int W = 16;  // tokens per tile; a `vec` holds one float per token
+typedef float vec __attribute__((vector_size(4 * W), aligned(4), may_alias));
+typedef int32_t ivec __attribute__((vector_size(4 * W), aligned(4), may_alias));
+const ivec LANE = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+inline vec splat(float x) { return vec{} + x; }
+
+// A `reg` is one SIMD register of floats: head_dim is walked L floats at a time.
+#if defined(__AVX512F__)
+constexpr int L = 16;
+#elif defined(__AVX__)
+constexpr int L = 8;
+#else
+constexpr int L = 4;  // SSE, NEON
+#endif
+typedef float reg __attribute__((vector_size(4 * L), aligned(4), may_alias));
+typedef int32_t ireg __attribute__((vector_size(4 * L), aligned(4), may_alias));
+typedef uint16_t hreg __attribute__((vector_size(2 * L), aligned(2), may_alias));
+
+// L cache elements as fp32, for each storage type
+inline reg load(const float* p) { return *reinterpret_cast<const reg*>(p); }
+inline reg load(const uint16_t* p) {  // bfloat16: the top half of an fp32
+  const hreg h = *reinterpret_cast<const hreg*>(p);
+  return (reg)(__builtin_convertvector(h, ireg) << 16);  // (reg) keeps the bits
+}
+#ifdef __FLT16_MAX__
+typedef _Float16 freg __attribute__((vector_size(2 * L), aligned(2), may_alias));
+inline reg load(const _Float16* p) {
+  return __builtin_convertvector(*reinterpret_cast<const freg*>(p), reg);
+}
+#endif
+inline float hsum(reg v) {  // halve the register until 4 lanes are left
+  typedef float f4 __attribute__((vector_size(16), aligned(4), may_alias));
+  typedef float f8 __attribute__((vector_size(32), aligned(4), may_alias));
+  const f4* x = reinterpret_cast<const f4*>(&v);
+  f4 r = x[0];
+  if (L == 16) {
+    const f8* y = reinterpret_cast<const f8*>(&v);
+    const f8 h = y[0] + y[1];
+    r = reinterpret_cast<const f4*>(&h)[0] + reinterpret_cast<const f4*>(&h)[1];
+  } else if (L == 8) {
+    r = x[0] + x[1];
+  }
+  return (r[0] + r[2]) + (r[1] + r[3]);
+}
+
+inline float vmax(vec v) {
+  float x = v[0];
+  for (int i = 1; i < W; ++i) x = std::max(x, v[i]);
+  return x;
+}
+inline float vsum(vec v) {
+  float x = 0.0f;
+  for (int i = 0; i < W; ++i) x += v[i];
+  return x;
+}
+
+// e^x for x <= 0: e^x = 2^n e^r with n = round(x / ln2), |r| <= ln2 / 2, and
+// e^r from its Taylor series up to r^7 (error below fp32 rounding).
+inline vec exp_neg(vec x) {
+  x = x < -87.0f ? splat(-87.0f) : x;  // e^-87: still a normal fp32
+  const vec n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // rounds
+  const vec r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  vec p = splat(1.0f / 5040);
+  for (float c : {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = p * r + c;
+  const ivec two_n = (__builtin_convertvector(n, ivec) + 127) << 23;
+  return p * (vec)two_n;
+}
+
+// The scores of one tile: lane i holds q . k_i for the tile's token i < lim.
+// On AVX-512, 16 partial-sum vectors are transposed and added in a tree (15
+// pairs of shuffles); elsewhere each dot product is summed on its own.
+template <typename T>
+inline vec tile_scores(const reg* qv, int nr, const T* k, const int64_t* rows,
+                       int lim) {
+#ifdef __AVX512F__
+  __m512 a[W];
+  for (int i = 0; i < W; ++i) {
+    reg t{};
+    if (i < lim)
+      for (int c = 0; c < nr; ++c) t += qv[c] * load(k + rows[i] + c * L);
+    a[i] = (__m512)t;
+  }
+  for (int j = 0; j < 8; ++j)  // tokens 2j, 2j+1: interleave and add
+    a[j] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * j], a[2 * j + 1]),
+                         _mm512_unpackhi_ps(a[2 * j], a[2 * j + 1]));
+  for (int j = 0; j < 4; ++j) {  // four tokens per 128-bit lane
+    const __m512d x = _mm512_castps_pd(a[2 * j]);
+    const __m512d y = _mm512_castps_pd(a[2 * j + 1]);
+    a[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int j = 0; j < 3; ++j) {  // across 128-bit lanes: 8 tokens, then 16
+    const int i = j < 2 ? 2 * j : 0, o = j < 2 ? j : 0;
+    a[o] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[i], a[i + 1], 0xDD));
+  }
+  return (vec)a[0];
+#else
+  float s[W] = {};  // a plain array: writing lanes of a vec one by one is slow
+  for (int i = 0; i < lim; ++i) {
+    reg t{};
+    for (int c = 0; c < nr; ++c) t += qv[c] * load(k + rows[i] + c * L);
+    s[i] = hsum(t);
+  }
+  return *reinterpret_cast<const vec*>(s);
+#endif
+}
+
+struct Args {
+  const float* q;         // [tokens, heads, head_dim] fp32, rows contiguous
+  int64_t q_tok, q_head;  // strides of q, in elements
+  const void* k_cache;    // [blocks, block_size, kv_heads, head_dim]
+  const void* v_cache;
+  const int32_t* tables;  // [seqs, table_width], row stride table_width
+  int64_t table_width;
+  const int64_t* context_lens;     // [seqs]
+  const int64_t* query_start_loc;  // [seqs + 1], or null for decode
+  int64_t seqs, heads, kv_heads, head_dim, block_size;
+  float scale;
+  float* out;  // [tokens, heads, head_dim] fp32
+};
+
+// ---- walk: one work item (shown in chapter 04) ----
+// Online softmax of `rows` query rows (q: pre-scaled, head_dim apart) over the
+// keys [begin, end) of sequence `seq`, KV head `kvh`; row r sees keys below
+// visible[r]. NV = head_dim / 16 when known at compile time, else 0.
+template <typename T, int NV>
+void walk(const Args& a, int64_t seq, int64_t kvh, const float* q, int rows,
+          const int64_t* visible, int64_t begin, int64_t end, float* acc,
+          float* m, float* l) {
+  // registers per head_dim: a constant when NV is, so qv and ov stay in registers
+  const int nr = NV ? NV * W / L : int(a.head_dim / L), D = nr * L;
+  const int64_t bs = a.block_size, row = a.kv_heads * D;  // elements per slot
+  const T* k = static_cast<const T*>(a.k_cache) + kvh * D;
+  const T* v = static_cast<const T*>(a.v_cache) + kvh * D;
+  const int32_t* table = a.tables + seq * a.table_width;
+  int64_t slot[2][W];  // where this tile's and the next tile's rows start
+  auto find_rows = [&](int64_t t0, int64_t* out) {
+    for (int i = 0; i < W && t0 + i < end; ++i)
+      out[i] = (table[(t0 + i) / bs] * bs + (t0 + i) % bs) * row;
+  };
+  find_rows(begin, slot[0]);
+  for (int64_t t0 = begin, cur = 0; t0 < end; t0 += W, cur ^= 1) {
+    const int n = int(std::min<int64_t>(W, end - t0));
+    const int64_t* s0 = slot[cur];
+    if (t0 + W < end) {  // the next tile's blocks may lie anywhere: fetch early
+      find_rows(t0 + W, slot[cur ^ 1]);
+      for (int i = 0; i < W && t0 + W + i < end; ++i)
+        for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) {
+          __builtin_prefetch((const char*)(k + slot[cur ^ 1][i]) + b);
+          __builtin_prefetch((const char*)(v + slot[cur ^ 1][i]) + b);
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+      const int lim = int(std::min<int64_t>(n, visible[r] - t0));
+      if (lim <= 0) continue;  // causal: row r sees nothing of this tile
+      reg qv[NV ? NV * W / L : 256 / L], ov[NV ? NV * W / L : 256 / L];
+      for (int c = 0; c < nr; ++c) qv[c] = load(q + r * D + c * L);
+      vec s = tile_scores(qv, nr, k, s0, lim);  // q . k_i
+      s = LANE < lim ? s : splat(-INFINITY);
+      const float m_new = std::max(m[r], vmax(s));
+      float* o = acc + r * D;
+      for (int c = 0; c < nr; ++c) ov[c] = load(o + c * L);
+      if (m_new > m[r]) {  // the max grew: rescale the sums made under the old one
+        const float alpha = exp_neg(splat(m[r] - m_new))[0];
+        for (int c = 0; c < nr; ++c) ov[c] *= alpha;
+        l[r] *= alpha;
+        m[r] = m_new;
+      }
+      float p[W];  // a plain array: the loop below reads one lane at a time
+      *reinterpret_cast<vec*>(p) = LANE < lim ? exp_neg(s - m_new) : vec{};
+      l[r] += vsum(*reinterpret_cast<const vec*>(p));
+      for (int i = 0; i < lim; ++i)  // acc += p_i v_i
+        for (int c = 0; c < nr; ++c) ov[c] += p[i] * load(v + s0[i] + c * L);
+      for (int c = 0; c < nr; ++c) *reinterpret_cast<reg*>(o + c * L) = ov[c];
+    }
+  }
+}
+// ---- end of walk ----
+
+template <typename T>
+void run(const Args& a, int64_t parts, int64_t part_len, int threads) {
+  const int64_t D = a.head_dim, group = a.heads / a.kv_heads;
+  const bool decode = a.query_start_loc == nullptr;
+  // Work items: decode, (seq, partition, kv head); prefill, (seq, chunk of
+  // queries, kv head). An item's rows: `chunk` queries x `group` heads.
+  const int64_t chunk = decode ? 1 : std::max<int64_t>(1, 32 / group);
+  std::vector<int64_t> first(a.seqs + 1, 0);  // each sequence's first item
+  for (int64_t s = 0; s < a.seqs; ++s) {
+    int64_t n = parts;
+    if (!decode) {
+      const int64_t ql = a.query_start_loc[s + 1] - a.query_start_loc[s];
+      n = (ql + chunk - 1) / chunk;
+    }
+    first[s + 1] = first[s] + n * a.kv_heads;
+  }
+  const int64_t items = first[a.seqs];
+  std::vector<float> part_acc, part_ml;  // split-KV: partial results to merge
+  if (parts > 1) {
+    part_acc.resize(items * group * D);
+    part_ml.resize(items * group * 2);
+  }
+  auto walk_fn = walk<T, 0>;
+  if (D == 64) walk_fn = walk<T, 4>;
+  if (D == 128) walk_fn = walk<T, 8>;
+
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> scratch;
+    std::vector<int64_t> visible;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t seq =
+          std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1;
+      const int64_t kvh = (it - first[seq]) % a.kv_heads;
+      const int64_t sub = (it - first[seq]) / a.kv_heads;
+      const int64_t ctx = a.context_lens[seq];
+      int64_t q0 = seq, nq = 1, begin = 0, end = ctx;
+      if (decode) {  // sub is the partition
+        begin = std::min(ctx, sub * part_len);
+        end = std::min(ctx, begin + part_len);
+      } else {  // sub is the query chunk; its last query sees keys below `end`
+        const int64_t qa = a.query_start_loc[seq];
+        const int64_t ql = a.query_start_loc[seq + 1] - qa;
+        q0 = qa + sub * chunk;
+        nq = std::min(chunk, ql - sub * chunk);
+        end = ctx - ql + sub * chunk + nq;
+      }
+      const int rows = int(nq * group);
+      scratch.assign(rows * (2 * D + 2), 0.0f);
+      float* q = scratch.data();
+      float *acc = q + rows * D, *m = acc + rows * D, *l = m + rows;
+      visible.resize(rows);
+      for (int64_t j = 0; j < nq; ++j)
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t r = j * group + g, h = kvh * group + g;
+          const float* src = a.q + (q0 + j) * a.q_tok + h * a.q_head;
+          for (int64_t d = 0; d < D; ++d) q[r * D + d] = src[d] * a.scale;
+          m[r] = -INFINITY;
+          visible[r] = decode ? ctx : end - nq + j + 1;  // causal mask
+        }
+      walk_fn(a, seq, kvh, q, rows, visible.data(), begin, end, acc, m, l);
+      if (parts > 1) {  // keep the unnormalised partial result for the merge
+        std::copy(acc, acc + rows * D, part_acc.begin() + it * group * D);
+        for (int64_t g = 0; g < group; ++g) {
+          part_ml[(it * group + g) * 2] = m[g];
+          part_ml[(it * group + g) * 2 + 1] = l[g];
+        }
+        continue;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t j = r / group, h = kvh * group + r % group;
+        float* o = a.out + ((q0 + j) * a.heads + h) * D;
+        const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        for (int64_t d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
+      }
+    }
+  }
+  if (parts == 1) return;
+  // Merge each (sequence, head)'s partitions: rescale every partial sum to the
+  // largest max, add them up, divide by the rescaled normalisers' sum.
+#pragma omp parallel for num_threads(threads)
+  for (int64_t sh = 0; sh < a.seqs * a.heads; ++sh) {
+    const int64_t seq = sh / a.heads, kvh = sh % a.heads / group, g = sh % group;
+    auto item = [&](int64_t p) {
+      return (first[seq] + p * a.kv_heads + kvh) * group + g;
+    };
+    float m = -INFINITY, l = 0.0f;
+    for (int64_t p = 0; p < parts; ++p) m = std::max(m, part_ml[item(p) * 2]);
+    float* o = a.out + sh * D;
+    std::fill(o, o + D, 0.0f);
+    for (int64_t p = 0; p < parts; ++p) {
+      if (part_ml[item(p) * 2 + 1] == 0.0f) continue;  // an empty partition
+      const float w = std::exp(part_ml[item(p) * 2] - m);
+      l += w * part_ml[item(p) * 2 + 1];
+      for (int64_t d = 0; d < D; ++d) o[d] += w * part_acc[item(p) * D + d];
+    }
+    for (int64_t d = 0; d < D; ++d) o[d] /= l;
+  }
+}
+
+}  // namespace
+
+// p[0..18]: q, q_tok, q_head, k_cache, v_cache, dtype (0 fp32, 1 bf16, 2 fp16),
+// tables, table_width, context_lens, query_start_loc (0 for decode), seqs,
+// heads, kv_heads, head_dim, block_size, out, parts, part_len, threads.
+// Returns 0, or -1 when this build cannot take the arguments.
+extern "C" int pagedkv_attention(const int64_t* p, double scale) {
+  auto ptr = [](int64_t x) { return reinterpret_cast<void*>(x); };
+  const Args a{static_cast<const float*>(ptr(p[0])),
+               p[1],
+               p[2],
+               ptr(p[3]),
+               ptr(p[4]),
+               static_cast<const int32_t*>(ptr(p[6])),
+               p[7],
+               static_cast<const int64_t*>(ptr(p[8])),
+               static_cast<const int64_t*>(ptr(p[9])),
+               p[10],
+               p[11],
+               p[12],
+               p[13],
+               p[14],
+               float(scale),
+               static_cast<float*>(ptr(p[15]))};
+  const int64_t dtype = p[5], parts = p[16], part_len = p[17];
+  const int threads = int(p[18]);
+  if (a.head_dim % W || a.head_dim > 16 * W || a.heads % a.kv_heads || parts < 1)
+    return -1;
+  if (dtype == 0) return run<float>(a, parts, part_len, threads), 0;
+  if (dtype == 1) return run<uint16_t>(a, parts, part_len, threads), 0;
+#ifdef __FLT16_MAX__
+  if (dtype == 2) return run<_Float16>(a, parts, part_len, threads), 0;
+#endif
+  return -1;
+}
