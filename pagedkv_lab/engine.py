@@ -17,7 +17,7 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
-from .attention import paged_decode, paged_prefill_torch
+from .attention import paged_decode, paged_prefill
 from .kvmath import KVSpec, head_dim_of
 from .paging import BlockTable
 
@@ -253,7 +253,9 @@ class StepInputs:
     sequence's tokens with K/V once this step has written its own;
     ``query_start_loc[i]`` is where sequence ``i``'s tokens start in the row and
     ``logits_index[i]`` where its last one is. ``decode_seqs`` are the sequences
-    with exactly one new token, ``prefill_seqs`` the others.
+    with exactly one new token, ``prefill_seqs`` the others; ``prefill_rows``
+    are the prefill sequences' rows and ``prefill_query_start_loc`` where each
+    starts among them.
     """
 
     input_ids: torch.Tensor
@@ -264,7 +266,9 @@ class StepInputs:
     query_start_loc: torch.Tensor
     logits_index: torch.Tensor
     decode_seqs: torch.Tensor
-    prefill_seqs: list[int] = field(default_factory=list)
+    prefill_seqs: torch.Tensor
+    prefill_rows: torch.Tensor
+    prefill_query_start_loc: torch.Tensor
     kv_cache: PagedKVCache | None = None
     workspace: dict = field(default_factory=dict)
 
@@ -302,7 +306,7 @@ def paged_attention_forward(
     # [num_tokens, heads, head_dim]
     q = query[0].transpose(0, 1)
     decode = dict(scale=scaling, workspace=step.workspace, check=False)
-    if not step.prefill_seqs:
+    if not len(step.prefill_seqs):
         # Pure decode: one query per sequence, in sequence order.
         out = paged_decode(
             q, k_cache, v_cache, step.block_tables, step.context_lens, **decode
@@ -314,17 +318,17 @@ def paged_attention_forward(
         tables = step.block_tables[step.decode_seqs]
         lens = step.context_lens[step.decode_seqs]
         out[rows] = paged_decode(q[rows], k_cache, v_cache, tables, lens, **decode)
-    for i in step.prefill_seqs:
-        a, b = int(step.query_start_loc[i]), int(step.query_start_loc[i + 1])
-        out[a:b] = paged_prefill_torch(
-            q[a:b],
-            k_cache,
-            v_cache,
-            step.block_tables[i : i + 1],
-            step.context_lens[i : i + 1],
-            step.query_start_loc.new_tensor([0, b - a]),
-            scaling,
-        )
+    # Every sequence with several new tokens, in one causal varlen call.
+    rows, seqs = step.prefill_rows, step.prefill_seqs
+    out[rows] = paged_prefill(
+        q[rows],
+        k_cache,
+        v_cache,
+        step.block_tables[seqs],
+        step.context_lens[seqs],
+        step.prefill_query_start_loc,
+        scaling,
+    )
     return out[None], None
 
 
@@ -412,6 +416,11 @@ def pack_step(
         return torch.tensor(x, dtype=torch.long, device=device)
 
     decode = [i for i, n in enumerate(num_new_tokens) if n == 1]
+    prefill = [i for i, n in enumerate(num_new_tokens) if n != 1]
+    prefill_rows = [r for i in prefill for r in range(starts[i], starts[i + 1])]
+    prefill_starts = [0]
+    for i in prefill:
+        prefill_starts.append(prefill_starts[-1] + num_new_tokens[i])
     return StepInputs(
         input_ids=as_long(ids),
         positions=as_long(pos),
@@ -421,7 +430,9 @@ def pack_step(
         query_start_loc=as_long(starts),
         logits_index=as_long(starts[1:]) - 1,
         decode_seqs=as_long(decode),
-        prefill_seqs=[i for i, n in enumerate(num_new_tokens) if n != 1],
+        prefill_seqs=as_long(prefill),
+        prefill_rows=as_long(prefill_rows),
+        prefill_query_start_loc=as_long(prefill_starts),
     )
 
 class ModelRunner:
