@@ -680,3 +680,86 @@ def check_unshared_blocks(fn: Callable) -> bool:
         cases,
         "each of the n sequences holds ceil((prompt + k) / block_size) blocks.",
     )
+
+
+# Chapter 08 -------------------------------------------------------------------
+
+
+def check_block_keys(fn: Callable) -> bool:
+    """``fn(tokens, block_size) -> list[int]``: chained keys of full blocks."""
+    from .prefix_cache import chained_hash
+
+    def reference(tokens, bs):
+        keys, key = [], None
+        for i in range(len(tokens) // bs):
+            key = chained_hash(key, tuple(tokens[i * bs : (i + 1) * bs]))
+            keys.append(key)
+        return keys
+
+    rng = random.Random(8)
+    cases = [
+        ("two full blocks and a partial one", (list(range(1, 12)), 4), None),
+        ("shorter than a block", ([5, 6, 7], 4), None),
+        ("the same block after another prefix", ([1, 2, 9, 9, 3, 4, 9, 9], 2), None),
+        ("random tokens", ([rng.randrange(300) for _ in range(50)], 16), None),
+    ]
+    cases = [(label, args, reference(*args)) for label, args, _ in cases]
+    return _run(
+        "block_keys",
+        lambda t, bs: list(fn(t, bs)),
+        cases,
+        "key = chained_hash(previous key or None, tuple(block tokens)), full blocks only.",
+    )
+
+
+def check_max_cached_tokens(fn: Callable) -> bool:
+    """``fn(prompt_len, block_size) -> int``: most tokens a cache can supply."""
+    cases = [
+        ("a prompt of whole blocks", (64, 16), 48),
+        ("one token past a block", (17, 16), 16),
+        ("shorter than a block", (10, 16), 0),
+        ("exactly one block", (16, 16), 0),
+        ("block size 1", (5, 1), 4),
+    ]
+    return _run(
+        "max_cached_tokens",
+        fn,
+        cases,
+        "whole blocks only, and the last token is always computed: "
+        "(prompt_len - 1) // block_size * block_size.",
+    )
+
+
+def _smallest_capacity(requests, target: float) -> int:
+    from .experiments import prefix_cache_run
+
+    top = sum(-(-len(r.prompt + r.output) // 16) for r in requests)
+    low = 5 * max(-(-len(r.prompt + r.output) // 16) for r in requests)
+    for blocks in range(low, top + 1):
+        if prefix_cache_run(requests, blocks * 16)["hit_rate"] >= target:
+            return blocks
+    return top
+
+
+def check_smallest_capacity(fn: Callable) -> bool:
+    """``fn(requests, target) -> int``: smallest capacity reaching a hit rate."""
+    from .workloads import multi_turn_workload, system_prompt_workload
+
+    chat = multi_turn_workload(4, 3, system_len=32, seed=1)
+    system = system_prompt_workload(12, system_len=96, seed=2)
+    cases = [
+        (f"{name}, target {t:.0%}", (reqs, t), _smallest_capacity(reqs, t))
+        for name, reqs, t in [
+            ("multi-turn chat", chat, 0.5),
+            ("multi-turn chat", chat, 0.6),
+            ("system prompt", system, 0.5),
+        ]
+    ]
+    return _run(
+        "smallest_capacity",
+        fn,
+        cases,
+        "try capacities of b * 16 tokens for b = 1, 2, ... and return the first b "
+        "whose prefix_cache_run(requests, b * 16)['hit_rate'] reaches the target "
+        "(a request needs room for itself and four running ones).",
+    )

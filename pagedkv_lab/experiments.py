@@ -195,6 +195,7 @@ def prefix_cache_run(
     block_size: int = 16,
     concurrency: int = 4,
     order: str = "fcfs",
+    observe=None,
 ) -> dict:
     """Serve token requests (`workloads.TokenRequest`) through a prefix cache of
     ``capacity_tokens`` tokens, without a model: each request's prompt is
@@ -204,7 +205,8 @@ def prefix_cache_run(
 
     ``cache`` is one of `PREFIX_CACHES`; ``order`` one of `REQUEST_ORDERS`
     (``"sorted"`` serves requests in lexicographic order of their tokens, a
-    depth-first walk of the prefix tree).
+    depth-first walk of the prefix tree). ``observe(block_manager, request,
+    hit_tokens)``, if given, is called after each block-cache admission.
     """
     from collections import deque
 
@@ -275,6 +277,8 @@ def prefix_cache_run(
         bm.allocate(seq, cached, seq.num_tokens - cached)
         seq.num_computed_tokens = seq.num_tokens
         bm.cache_blocks(seq)
+        if observe is not None:
+            observe(bm, req, cached)
         running.append(seq)
         if len(running) > concurrency:
             bm.free(running.popleft())
@@ -320,3 +324,40 @@ def shared_prefix_memory(requests: list, block_size: int = 16) -> dict:
         bm.cache_blocks(seq)
     held = bm.num_blocks - bm.num_free_blocks
     return {"with": held, "without": need, "saved": 1 - held / need}
+
+
+def hash_cost(
+    prompt_len: int = 4096, block_size: int = 16, repeats: int = 20
+) -> dict[str, float]:
+    """Nanoseconds per token to compute a prompt's chained block keys, for
+    Python's ``hash`` and hashlib digests (and xxhash when it is installed)."""
+    from .prefix_cache import chained_hash, digest_hash
+
+    fns = {"python hash": chained_hash}
+    fns.update({name: digest_hash(name) for name in ("blake2b", "sha256")})
+    try:
+        import xxhash
+
+        def xx(parent, tokens, extra=None):
+            h = xxhash.xxh64(b"" if parent is None else parent.to_bytes(8, "little"))
+            h.update(repr(tokens).encode())
+            return h.intdigest()
+
+        fns["xxhash (xxh64)"] = xx
+    except ImportError:
+        pass
+    tokens = list(range(prompt_len))
+    blocks = [
+        tuple(tokens[i : i + block_size]) for i in range(0, prompt_len, block_size)
+    ]
+    cost = {}
+    for name, fn in fns.items():
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            key = None
+            for b in blocks:
+                key = fn(key, b)
+            best = min(best, time.perf_counter() - t0)
+        cost[name] = 1e9 * best / prompt_len
+    return cost

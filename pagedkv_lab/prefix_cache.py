@@ -6,6 +6,8 @@ starts the same way."""
 
 from __future__ import annotations
 
+import array
+import hashlib
 import heapq
 import itertools
 from collections import OrderedDict
@@ -25,6 +27,20 @@ def chained_hash(parent_key: int | None, tokens: tuple[int, ...], extra=None) ->
     changes its K/V (``extra``, e.g. a cache salt)."""
     return hash((parent_key, tokens, extra))
 
+
+def digest_hash(algorithm: str = "sha256") -> Callable:
+    """A chained key from a cryptographic digest (``hashlib`` name): slower than
+    Python's ``hash``, but collisions are out of reach even across processes."""
+
+    def key(parent_key: int | None, tokens: tuple[int, ...], extra=None) -> int:
+        h = hashlib.new(algorithm)
+        h.update(b"-" if parent_key is None else parent_key.to_bytes(32, "little"))
+        h.update(array.array("q", tokens).tobytes())
+        if extra is not None:
+            h.update(repr(extra).encode())
+        return int.from_bytes(h.digest()[:16], "little")
+
+    return key
 
 @dataclass
 class CachedBlock:
@@ -59,7 +75,6 @@ class PrefixCacheStats:
     def reset(self) -> None:
         self.queries = self.hits = self.resumed_queries = self.resumed_hits = 0
         self.evictions = 0
-
 
 class CachingBlockAllocator(BlockAllocator):
     """Chapter 03's allocator, with a second kind of free block.
@@ -123,7 +138,6 @@ class CachingBlockAllocator(BlockAllocator):
             del self.evictable[block]
             self.on_evict(self.cached.pop(block))
             self.free_list.append(block)
-
 
 class PrefixIndex:
     """The prefix cache's lookup table: chained keys of full blocks, and the
@@ -206,7 +220,6 @@ class PrefixIndex:
         """Forget a sequence that gave its blocks back."""
         self._keys.pop(seq.seq_id, None)
         self._chains.pop(seq.seq_id, None)
-
 
 class PrefixCachingBlockManager(BlockManager):
     """A `BlockManager` whose full blocks outlive their sequences as a cache.
@@ -305,7 +318,6 @@ class PrefixCachingBlockManager(BlockManager):
     def free(self, seq: Sequence) -> None:
         self.index.drop(seq)
         super().free(seq)
-
 
 class RadixNode:
     """A node of `RadixCache`: the tokens on the edge from its parent."""

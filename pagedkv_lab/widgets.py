@@ -619,3 +619,119 @@ def beam_search_viewer():
         control.observe(redraw, names="value")
     redraw()
     display(w.VBox([w.HBox([width, block_size]), step, out]))
+
+
+# Chapter 08: what the prefix cache holds -----------------------------------------
+
+CACHE_STATES = ("used", "shared", "cached", "free")
+
+
+def trace_prefix_cache(
+    requests, capacity_blocks: int, block_size: int = 16, concurrency: int = 4
+) -> tuple[dict, ...]:
+    """Serve ``requests`` (`workloads.TokenRequest`) through a block prefix cache
+    (`experiments.prefix_cache_run`) and record, after each admission, every
+    block's state: ``"used"`` (one holder), ``"shared"`` (several),
+    ``"cached"`` (free but keeping its K/V for a hit) or ``"free"``; with the
+    request's hit tokens and the evictions so far."""
+    from .experiments import prefix_cache_run
+
+    frames = []
+
+    def observe(bm, req, hit):
+        a = bm.allocator
+        states = [
+            "shared"
+            if r > 1
+            else "used"
+            if r == 1
+            else "cached"
+            if b in a.evictable
+            else "free"
+            for b, r in enumerate(a.ref_counts)
+        ]
+        frames.append(
+            {
+                "request": len(frames),
+                "states": states,
+                "hit": hit,
+                "prompt": len(req.prompt),
+                "evictions": bm.stats.evictions,
+            }
+        )
+
+    prefix_cache_run(
+        requests,
+        capacity_blocks * block_size,
+        block_size=block_size,
+        concurrency=concurrency,
+        observe=observe,
+    )
+    return tuple(frames)
+
+
+def draw_cache_frame(ax, frame: dict, columns: int = 16) -> None:
+    """One frame of `trace_prefix_cache` as a grid of blocks."""
+    colors = {s: COLORS[s] for s in CACHE_STATES}
+    states = frame["states"]
+    rows = -(-len(states) // columns)
+    for block, state in enumerate(states):
+        row, col = divmod(block, columns)
+        ax.add_patch(
+            plt.Rectangle(
+                (col + 0.05, rows - 1 - row + 0.05),
+                0.9,
+                0.9,
+                fc=colors[state],
+                ec="white",
+            )
+        )
+    ax.set_xlim(0, columns)
+    ax.set_ylim(0, rows)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def cache_legend_handles() -> list:
+    """Legend entries for `draw_cache_frame`."""
+    names = {
+        "used": "held by one request",
+        "shared": "shared (ref > 1)",
+        "cached": "cached, free (LRU)",
+        "free": "free",
+    }
+    return [Patch(fc=COLORS[s], label=names[s]) for s in CACHE_STATES]
+
+
+def prefix_cache_viewer(requests, capacity_blocks: int, block_size: int = 16):
+    """An ipywidgets viewer of `trace_prefix_cache`: request by request."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    frames = trace_prefix_cache(requests, capacity_blocks, block_size)
+    index = w.IntSlider(0, min=0, max=len(frames) - 1, description="request")
+    out = w.Output()
+
+    def redraw(*_):
+        f = frames[index.value]
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(7, 3))
+            draw_cache_frame(ax, f)
+            ax.set_title(
+                f"request {f['request']}: {f['hit']} of {f['prompt']} prompt tokens hit; "
+                f"{f['evictions']} evictions so far",
+                fontsize=10,
+            )
+            ax.legend(
+                handles=cache_legend_handles(),
+                loc="upper center",
+                bbox_to_anchor=(0.5, 0),
+                ncol=4,
+                fontsize=8,
+            )
+            plt.show()
+
+    index.observe(redraw, names="value")
+    redraw()
+    display(w.VBox([index, out]))

@@ -139,11 +139,7 @@ def test_stop_conditions():
     )
     short = run_to_completion(
         runner,
-        [
-            Sequence(
-                [1, 5], SamplingParams(max_tokens=3, seed=1), _table(runner)
-            )
-        ],
+        [Sequence([1, 5], SamplingParams(max_tokens=3, seed=1), _table(runner))],
         None,
     )[0]
     assert len(short.output_token_ids) == 3 and short.finish_reason == "length"

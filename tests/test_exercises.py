@@ -142,6 +142,14 @@ CASES = [
         exercises.check_unshared_blocks,
         lambda p, n, k, bs: -(-(p + k) // bs),
     ),
+    ("ch08", "block_keys", exercises.check_block_keys, lambda t, bs: [hash(tuple(t))]),
+    (
+        "ch08",
+        "max_cached_tokens",
+        exercises.check_max_cached_tokens,
+        lambda p, bs: p // bs * bs,
+    ),
+    ("ch08", "smallest_capacity", exercises.check_smallest_capacity, lambda r, t: 1),
 ]
 
 

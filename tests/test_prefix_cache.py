@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -15,7 +15,11 @@ from hypothesis.stateful import (
 from pagedkv_lab.engine import SamplingParams, Sequence
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import load_model
-from pagedkv_lab.prefix_cache import PrefixCachingBlockManager, chained_hash
+from pagedkv_lab.prefix_cache import (
+    PrefixCachingBlockManager,
+    RadixCache,
+    chained_hash,
+)
 
 PARAMS = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
 MODEL, TOKENIZER = load_model("tiny-llama")
@@ -295,3 +299,40 @@ def test_a_cache_salt_separates_requests():
         llm.step()
     assert llm.block_manager.stats.hits == hits, "a salted request must not hit"
     assert rid is not None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    streams=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=20), max_size=12),
+    query=st.lists(st.integers(0, 3), max_size=25),
+)
+def test_radix_matches_equal_a_brute_force_longest_common_prefix(streams, query):
+    tree = RadixCache(capacity=10_000)
+    for tokens in streams:
+        tree.insert(tokens)
+
+    def lcp(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    assert tree.match(query)[0] == max((lcp(t, query) for t in streams), default=0)
+    assert tree.size == len(
+        {tuple(t[:i]) for t in streams for i in range(1, len(t) + 1)}
+    )
+
+
+def test_radix_evicts_unlocked_leaves_least_recently_used_first():
+    tree = RadixCache(capacity=100)
+    a = tree.insert([1, 2, 3, 4])
+    tree.insert([1, 2, 7, 7])
+    tree.insert([5, 5])
+    tree.match([1, 2, 7, 7])  # now the most recent
+    tree.lock(a)
+    assert tree.evict(2) == 2  # [5, 5]: the only unlocked, least recent leaf
+    assert tree.match([5, 5])[0] == 0 and tree.match([1, 2, 7, 7])[0] == 4
+    assert tree.evict(10) == 2  # [7, 7]; [1, 2, 3, 4] is locked
+    assert tree.match([1, 2, 3, 4])[0] == 4
+    tree.unlock(a)
+    assert tree.evict(10) == 4 and tree.size == 0
