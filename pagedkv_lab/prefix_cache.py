@@ -24,8 +24,14 @@ EVICTION_POLICIES = ("lru", "fifo", "evict-all")
 def chained_hash(parent_key: int | None, tokens: tuple[int, ...], extra=None) -> int:
     """The key of a full block: it depends on every token before the block
     (through ``parent_key``) as well as its own, and on anything else that
-    changes its K/V (``extra``, e.g. a cache salt)."""
-    return hash((parent_key, tokens, extra))
+    changes its K/V (``extra``, e.g. a cache salt).
+
+    Python's ``hash`` of integers and tuples of integers is the same in every
+    process; ``hash(None)`` is not (before Python 3.12 it comes from an
+    address), so "no parent" and "no extra key" are spelled as integers.
+    """
+    parent = -1 if parent_key is None else parent_key
+    return hash((parent, tokens, 0 if extra is None else extra))
 
 
 def digest_hash(algorithm: str = "sha256") -> Callable:
