@@ -361,3 +361,142 @@ def hash_cost(
             best = min(best, time.perf_counter() - t0)
         cost[name] = 1e9 * best / prompt_len
     return cost
+
+
+# Chapter 09: preemption -------------------------------------------------------------
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def copy_bandwidth(
+    model="small-llama",
+    block_counts=(1, 4, 16, 64, 256),
+    block_size: int = 16,
+    repeats: int = 5,
+) -> list[dict]:
+    """Swap-out bandwidth (device cache -> host pool) against the number of
+    blocks moved at once, copying block by block and layer by layer (one small
+    copy per block, layer and K/V) or batched (`CpuBlockPool.copy_out`: one
+    gather and one transfer for all of them). GB/s counts the bytes moved."""
+    from .engine import PagedKVCache
+    from .models import load_model
+    from .preemption import CpuBlockPool
+
+    loaded = load_model(model)[0] if isinstance(model, str) else model[0]
+    top = max(block_counts)
+    cache = PagedKVCache(loaded.config, 2 * top, block_size, loaded.dtype, "cpu")
+    pool = CpuBlockPool(cache, top)
+    layers = cache.data.shape[0]
+    rows = []
+    for n in block_counts:
+        moves = [(2 * i + 1, i) for i in range(n)]  # every other device block
+
+        def one_by_one(moves=moves):
+            for g, c in moves:
+                for layer in range(layers):
+                    for kv in (0, 1):
+                        pool.data[layer, kv, c].copy_(cache.data[layer, kv, g])
+
+        nbytes = n * pool.bytes_per_block
+        slow = _best_seconds(one_by_one, repeats)
+        fast = _best_seconds(lambda moves=moves: pool.copy_out(cache, moves), repeats)
+        rows.append(
+            {
+                "blocks": n,
+                "bytes": nbytes,
+                "copies": n * layers * 2,
+                "per_block_GBps": nbytes / slow / 1e9,
+                "batched_GBps": nbytes / fast / 1e9,
+            }
+        )
+    return rows
+
+
+def recompute_and_swap_seconds(
+    model="small-llama",
+    lengths=(16, 64, 256, 1024),
+    block_size: int = 16,
+    repeats: int = 3,
+    device=None,
+) -> list[dict]:
+    """For a sequence of each length: seconds to recompute its K/V (one prefill
+    forward pass of that many tokens) and to swap it out and back in (both
+    batched copies), measured on this device."""
+    from .engine import ModelRunner, SamplingParams, Sequence
+    from .models import load_model
+    from .paging import BlockAllocator, BlockTable
+    from .preemption import CpuBlockPool
+
+    pair = load_model(model, device=device) if isinstance(model, str) else model
+    loaded = pair[0]
+    top = max(lengths)
+    blocks = -(-top // block_size)
+    runner = ModelRunner(loaded, blocks, block_size, max_model_len=top + 1)
+    pool = CpuBlockPool(runner.kv_cache, blocks)
+    rows = []
+    for n in lengths:
+        (prompt,) = prompts_for([n], seed=n)
+
+        def prefill(prompt=prompt, n=n):
+            seq = Sequence(prompt, SamplingParams(max_tokens=1))
+            seq.block_table = BlockTable(BlockAllocator(blocks, block_size))
+            seq.block_table.append(n)
+            runner.run([seq], [n])
+
+        used = -(-n // block_size)
+        out = [(b, b) for b in range(used)]
+
+        def swap(out=out):
+            pool.copy_out(runner.kv_cache, out)
+            pool.copy_in(runner.kv_cache, out)
+            if runner.kv_cache.data.is_cuda:
+                torch.cuda.synchronize()
+
+        rows.append(
+            {
+                "tokens": n,
+                "recompute_s": _best_seconds(prefill, repeats),
+                "swap_s": _best_seconds(swap, repeats),
+                "swap_bytes": 2 * used * pool.bytes_per_block,
+            }
+        )
+    return rows
+
+
+def pressure_run(model, prompts, params, **llm_settings) -> dict:
+    """Serve ``prompts`` with ``params`` through an `LLM` built with
+    ``llm_settings``; return every counter of preemption, the latency
+    percentiles and the generated tokens."""
+    llm = LLM(model, **llm_settings)
+    llm.eos_token_ids = frozenset()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    sched, s = llm.scheduler, llm.stats
+    ttft = torch.tensor([o.metrics.time_to_first_token for o in outs])
+    tpot = torch.tensor([o.metrics.time_per_output_token for o in outs])
+    space = llm.swap_space
+    return {
+        "steps": s.steps,
+        "preemptions": sched.num_preemptions,
+        "swap_outs": getattr(sched, "num_swap_outs", 0),
+        "fallbacks": getattr(sched, "num_recompute_fallbacks", 0),
+        "recomputed": sched.num_recomputed_tokens,
+        "tokens_computed": s.tokens_computed,
+        "bytes_swapped": space.bytes_moved if space is not None else 0,
+        "seconds": seconds,
+        "output_tok_per_s": sum(len(o.token_ids) for o in outs) / seconds,
+        "ttft_p50": float(ttft.quantile(0.5)),
+        "ttft_p99": float(ttft.quantile(0.99)),
+        "tpot_p50": float(tpot.quantile(0.5)),
+        "tpot_p99": float(tpot.quantile(0.99)),
+        "tokens": [o.token_ids for o in outs],
+    }

@@ -13,17 +13,17 @@ from .engine import PagedKVCache
 from .paging import BlockAllocator
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
 
-VICTIM_POLICIES = ("newest", "longest-output")
+VICTIM_POLICIES = ("newest", "longest-output", "shortest-output")
 
 
-class SwapSpace:
-    """A pool of KV blocks in CPU memory, with its own allocator.
+class CpuBlockPool:
+    """KV blocks in CPU memory: an allocator, and a host tensor shaped like the
+    device cache but for ``num_blocks`` blocks.
 
-    Pinned memory on CUDA, so that copies run at full PCIe speed; on a CPU-only
-    machine a second host tensor, so the mechanism and its cost still run.
-    `swap_out` / `swap_in` keep a request's sharing (a block shared by its
-    sequences is moved once) and move all its blocks, every layer, K and V, in
-    one gather and one copy (`copy_out` / `copy_in`).
+    Pinned memory when the cache is on a GPU, so that copies run at full PCIe
+    speed; on a CPU-only machine a second host tensor, so that the mechanism
+    and its cost still run. `copy_out` and `copy_in` move any set of blocks,
+    every layer, K and V, with one gather, one transfer and one scatter.
     """
 
     def __init__(self, cache: PagedKVCache, num_blocks: int):
@@ -35,39 +35,66 @@ class SwapSpace:
         pin = cache.data.is_cuda
         self.data = torch.zeros(shape, dtype=cache.data.dtype, pin_memory=pin)
         self.bytes_per_block = self.data[:, :, 0].numel() * self.data.element_size()
-        # seq_id -> (CPU blocks, tokens they hold)
-        self.tables: dict[int, tuple[list[int], int]] = {}
         self.blocks_out = self.blocks_in = 0
 
     @property
     def num_free_blocks(self) -> int:
         return self.allocator.num_free
 
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes copied out and back in so far."""
+        return (self.blocks_out + self.blocks_in) * self.bytes_per_block
+
+    def copy_out(self, cache: PagedKVCache, moves: list[tuple[int, int]]) -> None:
+        """Device blocks -> host blocks, ``(device, host)`` pairs."""
+        if moves:
+            src, dst = (torch.tensor(x) for x in zip(*moves))
+            staged = cache.data.index_select(2, src.to(cache.data.device))
+            self.data.index_copy_(2, dst, staged.to("cpu"))
+
+    def copy_in(self, cache: PagedKVCache, moves: list[tuple[int, int]]) -> None:
+        """Host blocks -> device blocks, ``(host, device)`` pairs."""
+        if moves:
+            src, dst = (torch.tensor(x) for x in zip(*moves))
+            staged = self.data.index_select(2, src).to(cache.data.device)
+            cache.data.index_copy_(2, dst.to(cache.data.device), staged)
+
+
+class SwapSpace(CpuBlockPool):
+    """Where a swapped request's blocks live: `swap_out` gives its device blocks
+    back and records host copies, `swap_in` gives it device blocks again.
+    Sharing is kept: a block held by several of the request's sequences is
+    moved once, and counted once on each side."""
+
+    def __init__(self, cache: PagedKVCache, num_blocks: int):
+        super().__init__(cache, num_blocks)
+        # seq_id -> (host blocks, tokens they hold)
+        self.tables: dict[int, tuple[list[int], int]] = {}
+
     @staticmethod
-    def _on_gpu(group: SequenceGroup):
+    def _on_device(group: SequenceGroup):
         return [s for s in group.running_seqs if s.block_table is not None]
 
     def can_swap_out(self, group: SequenceGroup) -> bool:
-        distinct = {b for s in self._on_gpu(group) for b in s.block_table.blocks}
+        distinct = {b for s in self._on_device(group) for b in s.block_table.blocks}
         return len(distinct) <= self.num_free_blocks
 
     def swap_out(self, group: SequenceGroup, block_manager) -> list[tuple[int, int]]:
-        """Free ``group``'s GPU blocks; return the (GPU, CPU) block pairs to copy."""
-        cpu_of: dict[int, int] = {}
-        for seq in self._on_gpu(group):
+        """Free ``group``'s device blocks; return the (device, host) pairs to copy."""
+        host_of: dict[int, int] = {}
+        for seq in self._on_device(group):
             table = seq.block_table
             for block in table.blocks:
-                if block in cpu_of:
-                    self.allocator.incref(cpu_of[block])
+                if block in host_of:
+                    self.allocator.incref(host_of[block])
                 else:
-                    cpu_of[block] = self.allocator.allocate()
-            self.tables[seq.seq_id] = (
-                [cpu_of[b] for b in table.blocks],
-                table.num_tokens,
-            )
+                    host_of[block] = self.allocator.allocate()
+            layout = [host_of[b] for b in table.blocks]
+            self.tables[seq.seq_id] = (layout, table.num_tokens)
         # A block about to receive a copy this step is read from the copy's source.
-        moves = [(block_manager.content_source(g), c) for g, c in cpu_of.items()]
-        for seq in self._on_gpu(group):
+        moves = [(block_manager.content_source(d), h) for d, h in host_of.items()]
+        for seq in self._on_device(group):
             block_manager.free(seq)
         self.blocks_out += len(moves)
         return moves
@@ -82,18 +109,18 @@ class SwapSpace:
         return len(distinct) + watermark <= block_manager.num_free_blocks
 
     def swap_in(self, group: SequenceGroup, block_manager) -> list[tuple[int, int]]:
-        """Give ``group`` GPU blocks again; return the (CPU, GPU) pairs to copy."""
+        """Give ``group`` device blocks again; return the (host, device) pairs to copy."""
         seqs = [s for s in group.seqs if s.seq_id in self.tables]
         layouts = [self.tables[s.seq_id][0] for s in seqs]
         held = [self.tables.pop(s.seq_id)[1] for s in seqs]
-        gpu_of = block_manager.allocate_tables(seqs, layouts, held)
-        self.release(layouts)
-        self.blocks_in += len(gpu_of)
-        return list(gpu_of.items())
+        device_of = block_manager.allocate_tables(seqs, layouts, held)
+        self._release(layouts)
+        self.blocks_in += len(device_of)
+        return list(device_of.items())
 
     def drop(self, group: SequenceGroup) -> None:
         """Forget a swapped request that will not come back (abort, error)."""
-        self.release(
+        self._release(
             [
                 self.tables.pop(s.seq_id)[0]
                 for s in group.seqs
@@ -101,32 +128,20 @@ class SwapSpace:
             ]
         )
 
-    def release(self, layouts: list[list[int]]) -> None:
+    def _release(self, layouts: list[list[int]]) -> None:
         for layout in layouts:
             for block in layout:
                 self.allocator.free(block)
-
-    def copy_out(self, cache: PagedKVCache, moves: list[tuple[int, int]]) -> None:
-        """GPU -> CPU: one gather on the device, one transfer, one scatter."""
-        if moves:
-            src, dst = (torch.tensor(x) for x in zip(*moves))
-            staged = cache.data.index_select(2, src.to(cache.data.device))
-            self.data.index_copy_(2, dst, staged.to("cpu"))
-
-    def copy_in(self, cache: PagedKVCache, moves: list[tuple[int, int]]) -> None:
-        """CPU -> GPU: one gather on the host, one transfer, one scatter."""
-        if moves:
-            src, dst = (torch.tensor(x) for x in zip(*moves))
-            staged = self.data.index_select(2, src).to(cache.data.device)
-            cache.data.index_copy_(2, dst.to(cache.data.device), staged)
 
 
 class PreemptionScheduler(Scheduler):
     """Chapter 06's scheduler with a choice of victim and a swapped queue.
 
-    ``victim``: ``"newest"`` (vLLM's) or ``"longest-output"`` (the request
-    that has generated most, as SGLang retracts). With a `SwapSpace`, a victim's
-    blocks go to CPU memory when they fit there (else it is recomputed, and
+    ``victim``: ``"newest"`` (vLLM's), ``"longest-output"`` (the request that
+    has generated most gives way) or ``"shortest-output"`` (the one that has
+    generated least, the longer prompt first among equals: SGLang's order when
+    it retracts decoding requests). With a `SwapSpace`, a victim's blocks go to
+    CPU memory when they fit there (else it is recomputed, and
     ``num_recompute_fallbacks`` counts it); swapped requests come back before
     any waiting request is admitted.
     """
@@ -153,11 +168,14 @@ class PreemptionScheduler(Scheduler):
         return bool(self.waiting or self.running or self.swapped)
 
     def _order_running(self) -> None:
+        def generated(g: SequenceGroup) -> int:
+            return max(len(s.output_token_ids) for s in g.seqs)
+
+        # Stable sorts: among equals, the newest stays last (the first victim).
         if self.victim == "longest-output":
-            # Stable: among equals, the newest stays last.
-            self.running.sort(
-                key=lambda g: max(len(s.output_token_ids) for s in g.seqs)
-            )
+            self.running.sort(key=generated)
+        elif self.victim == "shortest-output":
+            self.running.sort(key=lambda g: (-generated(g), g.prompt_len))
 
     def preempt(self, group: SequenceGroup) -> None:
         if self.swap_space is not None:

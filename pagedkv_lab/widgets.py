@@ -735,3 +735,117 @@ def prefix_cache_viewer(requests, capacity_blocks: int, block_size: int = 16):
     index.observe(redraw, names="value")
     redraw()
     display(w.VBox([index, out]))
+
+
+# Chapter 09: a preemption storm ------------------------------------------------
+
+
+def trace_preemption(
+    num_requests: int = 10,
+    num_blocks: int = 24,
+    swap_blocks: int = 16,
+    block_size: int = 8,
+    mode: str = "swap",
+    seed: int = 0,
+) -> tuple[dict, ...]:
+    """Serve W1-like requests through a tiny pool, step by step; each frame
+    records the queues (``running``, ``waiting``, ``swapped``: request ids)
+    and both pools (``device`` and ``host``: the request holding each block,
+    or None)."""
+    from .experiments import prompts_for
+    from .llm import LLM
+    from .workloads import chat_workload
+
+    reqs = chat_workload(
+        num_requests, seed=seed, max_model_len=160, mean_prompt=40, mean_output=60
+    )
+    llm = LLM(
+        "tiny-llama",
+        block_size=block_size,
+        kv_cache_memory=num_blocks * block_size * 512,
+        max_model_len=160,
+        preemption_mode=mode,
+        swap_space=swap_blocks * block_size * 512 if mode == "swap" else 0,
+    )
+    llm.eos_token_ids = frozenset()
+    from .engine import SamplingParams
+
+    for p, r in zip(prompts_for([r.prompt_len for r in reqs], seed), reqs):
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=r.output_len))
+    sched, frames = llm.scheduler, []
+    while llm.has_unfinished_requests():
+        llm.step()
+        device = [None] * num_blocks
+        for g in sched.running:
+            for s in g.seqs:
+                for b in s.block_table.blocks if s.block_table else []:
+                    device[b] = g.request_id
+        host = [None] * swap_blocks
+        owner = {
+            s.seq_id: g.request_id
+            for g in getattr(sched, "swapped", ())
+            for s in g.seqs
+        }
+        space = llm.swap_space
+        for seq_id, (blocks, _) in space.tables.items() if space else ():
+            for b in blocks:
+                host[b] = owner.get(seq_id)
+        frames.append(
+            {
+                "step": len(frames),
+                "running": [g.request_id for g in sched.running],
+                "waiting": [g.request_id for g in sched.waiting],
+                "swapped": [g.request_id for g in getattr(sched, "swapped", ())],
+                "device": device,
+                "host": host,
+                "preemptions": sched.num_preemptions,
+            }
+        )
+    return tuple(frames)
+
+
+def draw_pools(ax, frame: dict, columns: int = 12) -> None:
+    """Device and host pools of a `trace_preemption` frame, side by side."""
+    for x0, name in ((0, "device"), (columns + 2, "host")):
+        owners = frame[name]
+        rows = -(-len(owners) // columns)
+        for b, rid in enumerate(owners):
+            r, c = divmod(b, columns)
+            color = COLORS["free"] if rid is None else owner_color(rid)
+            ax.add_patch(
+                plt.Rectangle(
+                    (x0 + c + 0.05, rows - 1 - r + 0.05), 0.9, 0.9, fc=color, ec="white"
+                )
+            )
+        ax.text(x0 + columns / 2, rows + 0.3, f"{name} pool", ha="center", fontsize=8)
+    ax.set_xlim(0, 2 * columns + 2)
+    ax.set_ylim(0, max(-(-len(frame["device"]) // columns), 1) + 1)
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def preemption_viewer(mode: str = "swap"):
+    """An ipywidgets viewer of `trace_preemption`: pools and queues, step by step."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    frames = trace_preemption(mode=mode)
+    index = w.IntSlider(0, min=0, max=len(frames) - 1, description="step")
+    out = w.Output()
+
+    def redraw(*_):
+        f = frames[index.value]
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(8, 2.6))
+            draw_pools(ax, f)
+            ax.set_title(
+                f"step {f['step']}: running {f['running']}, waiting {f['waiting']}, "
+                f"swapped {f['swapped']}",
+                fontsize=9,
+            )
+            plt.show()
+
+    index.observe(redraw, names="value")
+    redraw()
+    display(w.VBox([index, out]))

@@ -111,7 +111,7 @@ def _serve(llm: LLM, requests, check_every_step: bool):
     mode=st.sampled_from(["recompute", "swap"]),
     swap_blocks=st.integers(1, 12),
     caching=st.booleans(),
-    victim=st.sampled_from(["newest", "longest-output"]),
+    victim=st.sampled_from(["newest", "longest-output", "shortest-output"]),
     budget=st.integers(8, 64),
 )
 def test_outputs_under_memory_pressure_equal_the_unpressured_run(
