@@ -763,3 +763,69 @@ def check_smallest_capacity(fn: Callable) -> bool:
         "whose prefix_cache_run(requests, b * 16)['hit_rate'] reaches the target "
         "(a request needs room for itself and four running ones).",
     )
+
+
+# Chapter 09 -------------------------------------------------------------------
+
+
+def check_swap_bytes(fn: Callable) -> bool:
+    """``fn(num_tokens, bytes_per_token, block_size) -> int``: bytes moved."""
+    cases = [
+        ("one full block", (16, 1024, 16), 2 * 16 * 1024),
+        ("one token past a block", (17, 1024, 16), 2 * 32 * 1024),
+        ("a long request", (1000, 131072, 16), 2 * 1008 * 131072),
+    ]
+    return _run(
+        "swap_bytes",
+        fn,
+        cases,
+        "whole blocks move, out and back in: 2 * ceil(n / bs) * bs * bytes_per_token.",
+    )
+
+
+def check_recompute_cheaper(fn: Callable) -> bool:
+    """``fn(prefill_tokens_per_s, bytes_per_token, bandwidth) -> bool``."""
+    cases = [
+        ("a slow CPU prefill", (1_400, 20_480, 3e9), False),
+        ("a fast prefill over a slow link", (1e6, 131_072, 25e9), True),
+        ("a large model over PCIe", (20_000, 131_072, 25e9), False),
+    ]
+    return _run(
+        "recompute_cheaper",
+        fn,
+        cases,
+        "per token, recompute takes 1 / rate; a swap moves the K/V twice: "
+        "2 * bytes_per_token / bandwidth.",
+    )
+
+
+def _crossover(rate, params, layers, width, bpt, bw, fixed):
+    def gap(n):
+        recompute = (2 * params * n + 2 * layers * width * n * n) / rate
+        return recompute - (2 * bpt * n / bw + 2 * fixed)
+
+    if gap(10**6) <= 0:
+        return None
+    lo, hi = 1, 10**6
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if gap(mid) <= 0 else (lo, mid)
+    return lo
+
+
+def check_crossover_tokens(fn: Callable) -> bool:
+    """``fn(rate_flops, params, layers, width, bytes_per_token, bandwidth,
+    fixed_s) -> int | None``: first length at which swapping is cheaper."""
+    raw = [
+        ("an 8B model on a fast GPU", (4e14, 8e9, 32, 4096, 131072, 25e9, 2e-5)),
+        ("a tiny model, fast prefill", (4e14, 3e7, 10, 512, 20480, 25e9, 2e-5)),
+        ("a CPU with small-llama", (4e10, 3e7, 10, 512, 20480, 3e9, 5e-5)),
+    ]
+    cases = [(label, args, _crossover(*args)) for label, args in raw]
+    return _run(
+        "crossover_tokens",
+        fn,
+        cases,
+        "find the smallest n with recompute(n) > swap(n); the difference grows "
+        "once positive (the L^2 term), so a binary search over 1..10**6 works.",
+    )

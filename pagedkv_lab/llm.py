@@ -94,7 +94,6 @@ class RequestOutput:
     def finish_reason(self) -> str:
         return self.outputs[0].finish_reason
 
-
 @dataclass
 class EngineStats:
     """Counters over the engine's life."""
@@ -129,7 +128,6 @@ class EngineStats:
         unshared = self.blocks_unshared_sum
         return 1 - self.blocks_held_sum / unshared if unshared else 0.0
 
-
 def _is_token_id(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -160,7 +158,6 @@ def as_prompt_list(prompts) -> list:
     if prompts and all(_is_token_id(x) for x in prompts):
         return [prompts]
     return [p.tolist() if hasattr(p, "tolist") else p for p in prompts]
-
 
 class RequestIntake:
     """The door of the engine: every request is checked, completely, before
@@ -270,7 +267,6 @@ class RequestIntake:
         group = self._new_group(token_ids, params)
         group.seqs[0].cache_salt = cache_salt
         return self._enqueue(group, text)
-
 
 class LLMEngine(RequestIntake):
     """The engine loop, vLLM's ``LLMEngine``: `add_request`, then `step` until
@@ -442,7 +438,6 @@ class LLMEngine(RequestIntake):
             group.request_id, prompt, prompt_ids, outputs, metrics, error
         )
 
-
 class LLM(LLMEngine):
     """Serve a causal LM with a paged KV cache and continuous batching.
 
@@ -458,8 +453,7 @@ class LLM(LLMEngine):
     model's positions, or what the pool holds if that is less.
     ``enable_prefix_caching`` keeps freed blocks as a cache that later requests
     with the same prefix reuse (chapter 08). When memory runs out a running
-    request is preempted (``victim``: ``"newest"``, ``"longest-output"`` or
-    ``"shortest-output"``) and
+    request is preempted (``victim``: ``"newest"`` or ``"longest-output"``) and
     later recomputes its K/V, or with ``preemption_mode="swap"`` its blocks go
     to ``swap_space`` bytes of CPU memory and come back (chapter 09).
     ``watermark`` is the share of blocks kept free when admitting a request.

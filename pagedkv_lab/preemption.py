@@ -60,7 +60,6 @@ class CpuBlockPool:
             staged = self.data.index_select(2, src).to(cache.data.device)
             cache.data.index_copy_(2, dst.to(cache.data.device), staged)
 
-
 class SwapSpace(CpuBlockPool):
     """Where a swapped request's blocks live: `swap_out` gives its device blocks
     back and records host copies, `swap_in` gives it device blocks again.
@@ -81,7 +80,7 @@ class SwapSpace(CpuBlockPool):
         return len(distinct) <= self.num_free_blocks
 
     def swap_out(self, group: SequenceGroup, block_manager) -> list[tuple[int, int]]:
-        """Free ``group``'s device blocks; return the (device, host) pairs to copy."""
+        """Free ``group``'s device blocks; return (device, host) pairs to copy."""
         host_of: dict[int, int] = {}
         for seq in self._on_device(group):
             table = seq.block_table
@@ -109,7 +108,7 @@ class SwapSpace(CpuBlockPool):
         return len(distinct) + watermark <= block_manager.num_free_blocks
 
     def swap_in(self, group: SequenceGroup, block_manager) -> list[tuple[int, int]]:
-        """Give ``group`` device blocks again; return the (host, device) pairs to copy."""
+        """Give ``group`` device blocks again; return (host, device) pairs to copy."""
         seqs = [s for s in group.seqs if s.seq_id in self.tables]
         layouts = [self.tables[s.seq_id][0] for s in seqs]
         held = [self.tables.pop(s.seq_id)[1] for s in seqs]
@@ -132,7 +131,6 @@ class SwapSpace(CpuBlockPool):
         for layout in layouts:
             for block in layout:
                 self.allocator.free(block)
-
 
 class PreemptionScheduler(Scheduler):
     """Chapter 06's scheduler with a choice of victim and a swapped queue.

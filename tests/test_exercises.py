@@ -150,6 +150,14 @@ CASES = [
         lambda p, bs: p // bs * bs,
     ),
     ("ch08", "smallest_capacity", exercises.check_smallest_capacity, lambda r, t: 1),
+    ("ch09", "swap_bytes", exercises.check_swap_bytes, lambda n, b, bs: n * b),
+    (
+        "ch09",
+        "recompute_cheaper",
+        exercises.check_recompute_cheaper,
+        lambda r, b, w: True,
+    ),
+    ("ch09", "crossover_tokens", exercises.check_crossover_tokens, lambda *a: 1),
 ]
 
 
