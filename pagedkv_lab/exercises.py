@@ -829,3 +829,85 @@ def check_crossover_tokens(fn: Callable) -> bool:
         "find the smallest n with recompute(n) > swap(n); the difference grows "
         "once positive (the L^2 term), so a binary search over 1..10**6 works.",
     )
+
+
+# Chapter 11 -------------------------------------------------------------------
+
+
+def _prefix_saving(shared_len: int, private_len: int, n: int, block_size: int) -> float:
+    shared_blocks = shared_len // block_size
+    per_request = -(-(shared_len + private_len) // block_size)
+    with_cache = shared_blocks + n * (per_request - shared_blocks)
+    return 1 - with_cache / (n * per_request)
+
+
+def check_prefix_saving(fn: Callable) -> bool:
+    """``fn(shared_len, private_len, n, block_size) -> float``: share saved."""
+    raw = [
+        ("C2's system prompt, short turns", (500, 35, 64, 16)),
+        ("a prefix shorter than one block", (10, 20, 8, 16)),
+        ("a block-aligned prefix", (64, 1, 4, 16)),
+        ("one request shares nothing", (512, 100, 1, 16)),
+    ]
+    cases = [(label, args, _prefix_saving(*args)) for label, args in raw]
+    return _run(
+        "prefix_saving",
+        fn,
+        cases,
+        "only the prefix's full blocks (shared_len // block_size) are stored once; "
+        "every request keeps its own partial prefix block and its private blocks.",
+        same=lambda a, b: math.isclose(a, b, abs_tol=1e-9),
+    )
+
+
+def _max_private_len(shared_len: int, n: int, target: float, block_size: int) -> int:
+    best, private = 0, 1
+    # The saving never rises with the private part, and falls below any
+    # positive target once the private blocks dominate.
+    while _prefix_saving(shared_len, private, n, block_size) >= target:
+        best, private = private, private + 1
+    return best
+
+
+def check_max_private_len(fn: Callable) -> bool:
+    """``fn(shared_len, n, target, block_size) -> int``: longest private part."""
+    raw = [
+        ("C2: 70% over 64 chats, 500 tokens", (500, 64, 0.70, 16)),
+        ("80% with a 2000-token document", (2000, 64, 0.80, 16)),
+        ("an unreachable target", (100, 4, 0.9, 16)),
+        ("blocks of 32", (500, 64, 0.70, 32)),
+    ]
+    cases = [(label, args, _max_private_len(*args)) for label, args in raw]
+    return _run(
+        "max_private_len",
+        fn,
+        cases,
+        "the saving only falls as the private part grows: try 1, 2, 3, ... and "
+        "return the last length that still reaches the target (0 if 1 does not).",
+    )
+
+
+def check_which_share(fn: Callable) -> bool:
+    """``fn(claimed_bytes, config, dtype_bytes) -> str | None``."""
+    l7 = _cfg(num_hidden_layers=32, num_attention_heads=32, hidden_size=4096)
+    l70 = _cfg(
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        hidden_size=8192,
+    )
+    cases = [
+        ("M5: Llama-2-7B, 16 KiB", (16 * 1024, l7, 2), "one layer"),
+        ("Llama-2-7B, 512 KiB", (512 * 1024, l7, 2), "whole model"),
+        ("Llama-2-70B, 160 KiB", (160 * 1024, l70, 2), "keys only"),
+        ("Llama-2-70B fp32, 4 KiB", (4 * 1024, l70, 4), "one layer, keys only"),
+        ("a figure that is none of these", (1000, l7, 2), None),
+    ]
+    return _run(
+        "which_share",
+        fn,
+        cases,
+        "one layer's keys are kv_heads * head_dim * dtype_bytes; values double it, "
+        "layers multiply it. head_dim defaults to hidden_size // num_attention_heads "
+        "and kv_heads to num_attention_heads.",
+    )

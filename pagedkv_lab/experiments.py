@@ -500,3 +500,271 @@ def pressure_run(model, prompts, params, **llm_settings) -> dict:
         "tpot_p99": float(tpot.quantile(0.99)),
         "tokens": [o.token_ids for o in outs],
     }
+
+
+# Chapter 06: static against continuous batching ----------------------------------------
+
+
+def static_vs_continuous(
+    requests: list,
+    batch_size: int,
+    max_model_len: int,
+    *,
+    model="tiny-llama",
+    block_size: int = 16,
+    device=None,
+    seed: int = 0,
+) -> dict:
+    """Chapter 06's comparison inside one engine: serve ``requests`` (chapter
+    02's `Request`, greedy, EOS ignored) in static batches of ``batch_size``
+    with `engine.run_to_completion`, each batch running as long as its longest
+    request, and with continuous batching (`LLM`, at most ``batch_size`` running
+    at once). Both get KV memory for ``batch_size`` full-length requests.
+
+    Returns the iterations (forward passes) and seconds of each, and the tokens
+    generated (identical by construction: greedy, same model)."""
+    from .engine import ModelRunner, Sequence, run_to_completion
+    from .kvmath import KVSpec
+    from .models import load_model
+    from .paging import BlockAllocator, BlockTable
+
+    pair = load_model(model, device=device) if isinstance(model, str) else model
+    loaded = pair[0]
+    prompts = prompts_for([r.prompt_len for r in requests], seed=seed)
+    params = [
+        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+        for r in requests
+    ]
+    num_blocks = batch_size * -(-max_model_len // block_size)
+    runner = ModelRunner(loaded, num_blocks, block_size, max_model_len)
+    static_steps, static_tokens = 0, []
+    t0 = time.perf_counter()
+    for i in range(0, len(requests), batch_size):
+        alloc = BlockAllocator(num_blocks, block_size)
+        batch = [
+            Sequence(p, sp, BlockTable(alloc))
+            for p, sp in zip(prompts[i : i + batch_size], params[i : i + batch_size])
+        ]
+        # One forward pass per token of the batch's longest request.
+        static_steps += max(sp.max_tokens for sp in params[i : i + batch_size])
+        run_to_completion(runner, batch, None)
+        static_tokens += [s.output_token_ids for s in batch]
+    static_s = time.perf_counter() - t0
+    llm = LLM(
+        pair,
+        block_size=block_size,
+        kv_cache_memory=KVSpec.from_config(loaded.config, loaded.dtype).bytes_for(
+            batch_size * max_model_len
+        ),
+        max_model_len=max_model_len,
+        max_num_seqs=batch_size,
+    )
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    continuous_s = time.perf_counter() - t0
+    return {
+        "static_steps": static_steps,
+        "continuous_steps": llm.stats.steps,
+        "static_s": static_s,
+        "continuous_s": continuous_s,
+        "output_tokens": sum(r.output_len for r in requests),
+        "same_tokens": static_tokens == [o.token_ids for o in outs],
+    }
+
+
+# Chapter 11: the correctness traps, each shown failing ---------------------------------
+#
+# The wrong versions below are deliberately wrong: they are what published
+# pseudo-code does, kept here so that chapter 11 can run them beside the
+# library's right versions. Nothing in the engine uses them.
+
+
+def per_block_softmax_errors(
+    num_keys: int = 1000, head_dim: int = 64, block_size: int = 16, seed: int = 0
+) -> dict[str, float]:
+    """Max error against softmax over the whole row (float64), for one query:
+    blocks merged by their log-sum-exp (`attention.merge_partial_attention`,
+    chapter 04), and the trap, each block normalised on its own and the
+    blocks' outputs summed or averaged."""
+    import math
+
+    from .attention import merge_partial_attention
+
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(head_dim, dtype=torch.float64, generator=gen)
+    k = torch.randn(num_keys, head_dim, dtype=torch.float64, generator=gen)
+    v = torch.randn(num_keys, head_dim, dtype=torch.float64, generator=gen)
+    scores = k @ q / math.sqrt(head_dim)
+    exact = torch.softmax(scores, 0) @ v
+    outs, lses = [], []
+    for start in range(0, num_keys, block_size):
+        s = scores[start : start + block_size]
+        outs.append(torch.softmax(s, 0) @ v[start : start + block_size])
+        lses.append(torch.logsumexp(s, 0))
+    outs_t, lses_t = torch.stack(outs), torch.stack(lses)
+    results = {
+        "online softmax (lse merge)": merge_partial_attention(outs_t, lses_t),
+        "per-block softmax, summed": outs_t.sum(0),
+        "per-block softmax, averaged": outs_t.mean(0),
+    }
+    return {name: (o - exact).abs().max().item() for name, o in results.items()}
+
+
+def own_tokens_key(parent_key, tokens: tuple[int, ...], extra=None) -> int:
+    """The trap: a block key made from the block's own tokens only."""
+    return hash(tokens)
+
+
+def unchained_key_trap(model="tiny-llama", block_size: int = 16) -> list[dict]:
+    """Chapter 08's demonstration: request ``a`` caches two blocks; request ``b``
+    repeats ``a``'s second block after a different first block. With keys from
+    the block's own tokens and no verification, ``b`` is served ``a``'s K/V,
+    computed after the wrong prefix. Returns, per key design, the tokens ``b``
+    found cached and whether its greedy output is still correct."""
+    from .models import load_model
+    from .prefix_cache import PrefixCachingBlockManager, chained_hash
+
+    pair = load_model(model) if isinstance(model, str) else model
+    per_token = _bytes_for_tokens(pair, 1)
+    memory = 256 * block_size * per_token
+    first_a, first_b, second = prompts_for([block_size] * 3, seed=5)
+    a, b = first_a + second + [7], first_b + second + [7]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    truth = LLM(pair, block_size=block_size, kv_cache_memory=memory)
+    truth = truth.generate([b], sp, use_tqdm=False)[0].token_ids
+    rows = []
+    for name, key, verify in [
+        ("own tokens, unverified", own_tokens_key, False),
+        ("own tokens, verified", own_tokens_key, True),
+        ("chained key", chained_hash, True),
+    ]:
+        bm = PrefixCachingBlockManager(256, block_size, hash_fn=key, verify=verify)
+        llm = LLM(pair, block_size=block_size, kv_cache_memory=memory, block_manager=bm)
+        llm.generate([first_b + [9], a], sp, use_tqdm=False)
+        before = bm.stats.hits
+        out = llm.generate([b], sp, use_tqdm=False)[0].token_ids
+        rows.append(
+            {
+                "design": name,
+                "hit_tokens": bm.stats.hits - before,
+                "prompt_tokens": len(b),
+                "correct": out == truth,
+            }
+        )
+    return rows
+
+
+def _eager_registration_class():
+    from .prefix_cache import PrefixCachingBlockManager
+
+    class EagerRegistration(PrefixCachingBlockManager):
+        """The trap: take and register all of a prompt's blocks at admission,
+        before their K/V are computed."""
+
+        def allocate(self, seq, num_cached_tokens, num_new_tokens, reserve_tokens=0):
+            super().allocate(seq, num_cached_tokens, num_new_tokens, seq.num_tokens)
+            done = seq.num_computed_tokens
+            seq.num_computed_tokens = seq.num_tokens
+            self.cache_blocks(seq)
+            seq.num_computed_tokens = done
+
+    return EagerRegistration
+
+
+def early_registration_trap(
+    model="tiny-llama", prompt_len: int = 65, block_size: int = 16
+) -> list[dict]:
+    """Chapter 08's demonstration: a prompt is prefilled ``block_size`` tokens
+    per step (chunked prefill); after its first step the client aborts; then a
+    second request with the same prompt arrives. Registering blocks at
+    admission serves it K/V never computed; registering only computed blocks
+    (the library's) does not. Returns, per design, the tokens found cached and
+    whether the output is correct."""
+    from .models import load_model
+    from .prefix_cache import PrefixCachingBlockManager
+
+    pair = load_model(model) if isinstance(model, str) else model
+    memory = 256 * block_size * _bytes_for_tokens(pair, 1)
+    (prompt,) = prompts_for([prompt_len], seed=6)
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    expected = LLM(pair, block_size=block_size, kv_cache_memory=memory)
+    expected = expected.generate([prompt], sp, use_tqdm=False)[0].token_ids
+    rows = []
+    for name, cls in [
+        ("registered at admission", _eager_registration_class()),
+        ("registered when computed", PrefixCachingBlockManager),
+    ]:
+        bm = cls(256, block_size)
+        llm = LLM(
+            pair,
+            block_size=block_size,
+            kv_cache_memory=memory,
+            max_num_batched_tokens=block_size,
+            block_manager=bm,
+        )
+        first = llm.add_request(prompt, sp)
+        llm.step()
+        llm.abort(first)
+        out = llm.generate([prompt], sp, use_tqdm=False)[0].token_ids
+        rows.append(
+            {"design": name, "hit_tokens": bm.stats.hits, "correct": out == expected}
+        )
+    return rows
+
+
+def eviction_order_trap() -> dict[str, list[tuple[int, ...]]]:
+    """Three blocks are cached and freed (a, b, c); ``a`` is hit again and freed,
+    so it is the most recently used; then one block must be evicted. Returns the
+    tokens of the blocks still cached under each policy: true LRU keeps ``a``,
+    the dictionary-walking "LRU" (``policy="fifo"``) evicts it."""
+    from .engine import Sequence
+    from .prefix_cache import PrefixCachingBlockManager
+
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    kept = {}
+    for policy in ("lru", "fifo"):
+        bm = PrefixCachingBlockManager(4, 2, policy=policy)
+        for tokens in ([1, 1, 9], [2, 2, 9], [3, 3, 9]):
+            seq = Sequence(tokens, params)
+            bm.allocate(seq, 0, 2)
+            seq.num_computed_tokens = 2
+            bm.cache_blocks(seq)
+            bm.free(seq)
+        again = Sequence([1, 1, 9], params)
+        bm.allocate(again, bm.num_cached_tokens(again, 3), 1)
+        bm.free(again)
+        fresh = Sequence([4, 4, 5, 5], params)
+        bm.allocate(fresh, 0, 4)
+        kept[policy] = sorted(e.tokens for e in bm.by_key.values())
+    return kept
+
+
+class TrustingAllocator:
+    """The trap: reference counts that default to 1 for blocks never seen."""
+
+    def __init__(self, num_blocks: int):
+        self.ref_counts: dict[int, int] = {}
+        self.free_list = list(range(num_blocks))
+
+    def allocate(self) -> int:
+        block = self.free_list.pop()
+        self.ref_counts[block] = 1
+        return block
+
+    def free(self, block: int) -> None:
+        self.ref_counts[block] = self.ref_counts.get(block, 1) - 1
+        if self.ref_counts[block] == 0:
+            self.free_list.append(block)
+
+
+def hands_a_block_out_twice(allocator) -> bool:
+    """Chapter 07's check: free a block that is not held (a caller's bug), then
+    take the whole pool. True when some block is handed out twice; False when
+    the allocator refuses the bad free (ValueError) or stays consistent."""
+    allocator.free(allocator.allocate())
+    try:
+        allocator.free(0)
+    except ValueError:
+        return False
+    taken = [allocator.allocate() for _ in range(len(allocator.free_list))]
+    return len(taken) != len(set(taken))

@@ -158,6 +158,14 @@ CASES = [
         lambda r, b, w: True,
     ),
     ("ch09", "crossover_tokens", exercises.check_crossover_tokens, lambda *a: 1),
+    (
+        "ch11",
+        "prefix_saving",
+        exercises.check_prefix_saving,
+        lambda s, p, n, bs: s / (s + p),
+    ),
+    ("ch11", "max_private_len", exercises.check_max_private_len, lambda *a: 1),
+    ("ch11", "which_share", exercises.check_which_share, lambda *a: "whole model"),
 ]
 
 
