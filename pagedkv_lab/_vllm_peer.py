@@ -10,7 +10,7 @@ Requests (each answered by one line):
 
 * ``{"cmd": "init", "model": dir, "block_size", "kv_cache_bytes", "max_model_len",
   "max_num_seqs", "max_num_batched_tokens", "enforce_eager"}``: build a
-  ``vllm.LLM`` (fp32, greedy-ready, prefix caching off) whose KV cache is exactly
+  ``vllm.LLM`` (fp32, greedy-ready, prefix caching off unless asked) whose KV cache is exactly
   ``kv_cache_bytes``; answers its version, block count and threads.
 * ``{"cmd": "run", "prompts": [[ids]], "max_tokens": [n]}``: serve the
   token-id prompts with greedy sampling, EOS ignored, stepping the engine and
@@ -42,7 +42,7 @@ def _init(msg: dict):
         max_model_len=msg["max_model_len"],
         max_num_seqs=msg["max_num_seqs"],
         max_num_batched_tokens=msg["max_num_batched_tokens"],
-        enable_prefix_caching=False,
+        enable_prefix_caching=msg.get("enable_prefix_caching", False),
         enforce_eager=msg.get("enforce_eager", False),
         seed=0,
     )

@@ -2,6 +2,7 @@
 
     python -m pagedkv_lab.bench kernel      # paged vs contiguous decode attention
     python -m pagedkv_lab.bench serve       # our engine vs transformers, one trace, one KV budget
+    python -m pagedkv_lab.bench all --out report/   # everything, into a report folder
 
 Results are ratios measured in the same process, never absolute targets: a
 laptop and an H100 give different times but comparable ratios.
@@ -357,6 +358,7 @@ class ServeSetup:
         max_num_batched_tokens: int,
         threads: int,
         static_policy: str = "padded",
+        prefix_caching: bool = False,
     ):
         self.model_name, self.device = model_name, device
         self.max_model_len, self.block_size = max_model_len, block_size
@@ -365,6 +367,7 @@ class ServeSetup:
             max_num_batched_tokens,
         )
         self.threads, self.static_policy = threads, static_policy
+        self.prefix_caching = prefix_caching
         self.spec = _kv_spec(model_name)
         self.budget_tokens = budget_tokens
         self.budget_bytes = self.spec.bytes_for(budget_tokens)
@@ -399,6 +402,7 @@ class _OursRunner:
             max_num_batched_tokens=setup.max_num_batched_tokens,
             device=setup.device,
             reserve_max_len=reserve,
+            enable_prefix_caching=setup.prefix_caching,
         )
         model, num_blocks = self.llm.model, self.llm.stats.num_blocks
         try:  # bytes of the cache tensor per block
@@ -518,7 +522,7 @@ class _HFContinuousRunner:
             num_blocks=setup.budget_tokens // setup.block_size,
             max_batch_tokens=setup.max_num_batched_tokens,
             max_requests_per_batch=setup.max_num_seqs,
-            allow_block_sharing=False,
+            allow_block_sharing=setup.prefix_caching,
         )
         self.manager = model.init_continuous_batching(gen, cb)
         self.manager.start()
@@ -667,6 +671,7 @@ class _VLLMRunner:
                 "max_num_seqs": setup.max_num_seqs,
                 "max_num_batched_tokens": setup.max_num_batched_tokens,
                 "enforce_eager": eager,
+                "enable_prefix_caching": setup.prefix_caching,
             }
         )
         # bytes per block of vLLM's own cache tensors
@@ -812,6 +817,8 @@ def serve_benchmark(
     vllm_python: str | None = None,
     vllm_block_sizes_to_try: tuple[int, ...] = (32, 64, 128),
     vllm_modes: tuple[str, ...] = ("eager",),
+    prompts: list[list[int]] | None = None,
+    prefix_caching: bool = False,
 ) -> tuple[list[dict], dict]:
     """Serve the same requests with each system, like for like; return summary rows and outputs.
 
@@ -830,6 +837,11 @@ def serve_benchmark(
     ``vllm-b<size>-tc``); on this course's 2-core CPU box eager ran 5-10x faster
     than compiled, hence the default; try both on yours.
 
+    ``prompts`` replaces the random token ids drawn for ``requests`` (e.g. a
+    workload whose prompts share a prefix; ``requests`` still gives the output
+    lengths). ``prefix_caching`` turns prefix caching on in every system that has
+    it (this engine, transformers' block sharing, vLLM); ``hf-generate`` has none.
+
     The systems run ``repeats`` rounds, alternating their order (ABC, CBA, ABC...);
     a row holds medians over rounds, and ``ratio`` is the median over rounds of its
     throughput over the first system's in the same round. The ``peak_kv_MiB``
@@ -847,7 +859,10 @@ def serve_benchmark(
     unknown = [s for s in systems if s not in ALL_SYSTEMS]
     if unknown:
         raise ValueError(f"unknown system(s) {unknown}; choose from {ALL_SYSTEMS}")
-    prompts = _prompt_ids(requests)
+    if prompts is None:
+        prompts = _prompt_ids(requests)
+    elif len(prompts) != len(requests):
+        raise ValueError(f"{len(prompts)} prompts for {len(requests)} requests")
     max_tokens = [r.output_len for r in requests]
     warm = slice(0, max(1, min(warmup_requests, len(requests))))
     warm_prompts, warm_tokens = prompts[warm], [min(16, n) for n in max_tokens[warm]]
@@ -864,6 +879,7 @@ def serve_benchmark(
         max_num_batched_tokens=max_num_batched_tokens or max(512, max_model_len),
         threads=threads,
         static_policy=static_policy,
+        prefix_caching=prefix_caching,
     )
     runners: list = []
     tmp = tempfile.TemporaryDirectory(prefix="pagedkv-serve-")
@@ -1153,6 +1169,20 @@ def main(argv: list[str] | None = None) -> None:
     )
     kp.add_argument("--device", default=None)
     _add_serve_parser(sub)
+    ap = sub.add_parser(
+        "all", help="every benchmark, written to a report folder (see report.py)"
+    )
+    ap.add_argument("--out", default="report", help="report folder (default: report/)")
+    ap.add_argument(
+        "--sections",
+        nargs="+",
+        default=None,
+        help="kernel serve sampling rate blocks (default: all)",
+    )
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    ap.add_argument("--vllm-python", default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default=None)
     args = parser.parse_args(argv)
 
     from . import attention  # noqa: F401  (sets Triton's interpreter mode when there is no GPU)
@@ -1176,6 +1206,22 @@ def main(argv: list[str] | None = None) -> None:
             print("Kernel bandwidth against a plain copy needs a CUDA GPU.")
     elif args.command == "serve":
         _serve_main(args, device)
+    elif args.command == "all":
+        import sys
+
+        from .report import SECTIONS, run_all
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        run_all(
+            args.out,
+            device,
+            sections=tuple(args.sections or SECTIONS),
+            vllm_python=args.vllm_python,
+            command="python -m pagedkv_lab.bench " + " ".join(sys.argv[1:]),
+            quick=args.quick,
+        )
+        print(f"report: {args.out}/report.md")
 
 
 if __name__ == "__main__":

@@ -831,6 +831,44 @@ def check_crossover_tokens(fn: Callable) -> bool:
     )
 
 
+# Chapter 10 -------------------------------------------------------------------
+
+
+def check_decode_bytes(fn: Callable) -> bool:
+    """``fn(batch, context, num_layers, num_kv_heads, head_dim, dtype_bytes)``:
+    K/V bytes one decode step reads."""
+    cases = [
+        ("one sequence, one layer", (1, 128, 1, 8, 128, 2), 2 * 128 * 8 * 128 * 2),
+        ("Llama-3-8B, batch 64, 4k", (64, 4096, 32, 8, 128, 2), 64 * 4096 * 131072),
+        ("fp32, odd sizes", (3, 1000, 10, 2, 40, 4), 3 * 1000 * 2 * 10 * 2 * 40 * 4),
+    ]
+    return _run(
+        "decode_bytes",
+        fn,
+        cases,
+        "every sequence reads keys and values of all its context tokens in every "
+        "layer: 2 * batch * context * layers * kv_heads * head_dim * dtype_bytes.",
+    )
+
+
+def check_normalized_latency(fn: Callable) -> bool:
+    """``fn(arrivals, finishes, output_lens) -> float``: the vLLM paper's
+    normalised latency, mean over requests of latency / output tokens."""
+    cases = [
+        ("one request", ([0.0], [2.0], [4]), 0.5),
+        ("two requests", ([0.0, 1.0], [3.0, 2.0], [3, 4]), (1.0 + 0.25) / 2),
+        ("a late arrival", ([5.0, 0.0], [6.0, 8.0], [2, 8]), (0.5 + 1.0) / 2),
+    ]
+    return _run(
+        "normalized_latency",
+        fn,
+        cases,
+        "per request (finish - arrival) / output tokens, then the mean over "
+        "requests (not total latency over total tokens).",
+        same=lambda a, b: math.isclose(a, b, rel_tol=1e-9),
+    )
+
+
 # Chapter 11 -------------------------------------------------------------------
 
 

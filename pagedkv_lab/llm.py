@@ -438,6 +438,17 @@ class LLMEngine(RequestIntake):
             group.request_id, prompt, prompt_ids, outputs, metrics, error
         )
 
+def default_dtype(device: torch.device) -> torch.dtype:
+    """The dtype `LLM` loads a model in when none is given, the library's one
+    rule: float32 on a CPU; on a GPU bfloat16 where it is supported (compute
+    capability 8.0 and later: A100, H100, RTX 30xx) and float16 before (a T4 is
+    7.5). The KV cache always has the model's dtype; the Triton kernels take
+    fp32, fp16 or bf16 (queries and cache alike) and accumulate in fp32."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
 class LLM(LLMEngine):
     """Serve a causal LM with a paged KV cache and continuous batching.
 
@@ -447,9 +458,13 @@ class LLM(LLMEngine):
     where it is, and left as it was: the paged attention is switched on only
     inside the engine's own forward passes.
 
-    ``kv_cache_memory`` is the KV budget in bytes (int) or, on a GPU, a
-    fraction of the memory free after loading the model (float); by default 0.9
-    of free GPU memory, or 256 MiB on a CPU. ``max_model_len`` defaults to the
+    ``kv_cache_memory`` is the KV budget in bytes (int) or, on a GPU, the
+    fraction of the GPU's memory the engine may use (float, like vLLM's
+    ``gpu_memory_utilization``): the pool gets what is left of it after the
+    weights and the peak activations of one forward pass over
+    ``max_num_batched_tokens`` tokens, measured by a profiling run. By default
+    0.9 on a GPU, 256 MiB on a CPU. ``dtype`` defaults to `default_dtype`.
+    ``max_model_len`` defaults to the
     model's positions, or what the pool holds if that is less.
     ``enable_prefix_caching`` keeps freed blocks as a cache that later requests
     with the same prefix reuse (chapter 08). When memory runs out a running
@@ -488,8 +503,13 @@ class LLM(LLMEngine):
         self.model, self.tokenizer = self._load(model, device, dtype, seed)
         device = next(self.model.parameters()).device
         config = self.model.config
-        num_blocks = self._num_blocks(kv_cache_memory, block_size, device)
         positions = getattr(config, "max_position_embeddings", None) or 2**31
+        profile_tokens = min(
+            max_num_batched_tokens or max(4096, max_model_len or 0), positions
+        )
+        num_blocks = self._num_blocks(
+            kv_cache_memory, block_size, device, profile_tokens
+        )
         if max_model_len is None:
             max_model_len = min(positions, num_blocks * block_size)
         elif max_model_len > num_blocks * block_size:
@@ -561,7 +581,13 @@ class LLM(LLMEngine):
             tokenizer = None
         else:
             device = pick_device(str(device) if device is not None else None)
-            return load_model(model, seed=seed, dtype=dtype, device=device)
+            dtype = dtype or default_dtype(device)
+            try:
+                return load_model(model, seed=seed, dtype=dtype, device=device)
+            except torch.OutOfMemoryError as err:
+                raise ValueError(
+                    f"{model!r} in {dtype} does not fit on {device}: {err}"
+                ) from err
         if not isinstance(model, PreTrainedModel):
             raise ValueError(f"expected a transformers PreTrainedModel, got {model!r}")
         here = next(model.parameters())
@@ -574,7 +600,7 @@ class LLM(LLMEngine):
             raise ValueError(f"the model is {model.dtype}, not {dtype}")
         return model, tokenizer
 
-    def _num_blocks(self, kv_cache_memory, block_size, device) -> int:
+    def _num_blocks(self, kv_cache_memory, block_size, device, profile_tokens) -> int:
         if kv_cache_memory is None:
             kv_cache_memory = 0.9 if device.type == "cuda" else 256 * 2**20
         if isinstance(kv_cache_memory, bool) or not isinstance(
@@ -590,7 +616,9 @@ class LLM(LLMEngine):
                     "a fractional kv_cache_memory needs a CUDA device "
                     "and a value in (0, 1]"
                 )
-            kv_cache_memory = int(torch.cuda.mem_get_info(device)[0] * kv_cache_memory)
+            kv_cache_memory = self._profile_kv_budget(
+                kv_cache_memory, profile_tokens, device
+            )
         num_blocks = PagedKVCache.blocks_for_budget(
             self.model.config, kv_cache_memory, block_size, self.model.dtype
         )
@@ -600,6 +628,33 @@ class LLM(LLMEngine):
                 f"of {block_size} tokens"
             )
         return num_blocks
+
+    def _profile_kv_budget(self, fraction: float, num_tokens: int, device) -> int:
+        """vLLM's profile run: bytes left for K/V within ``fraction`` of the GPU
+        after the weights and the peak activations of one forward pass over
+        ``num_tokens`` tokens (with the model's own attention, which needs at
+        least the memory of the paged one)."""
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        weights = torch.cuda.memory_allocated(device)
+        ids = torch.zeros((1, num_tokens), dtype=torch.long, device=device)
+        with torch.inference_mode():
+            self.model(input_ids=ids, use_cache=False)
+        activations = torch.cuda.max_memory_allocated(device) - weights
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(device)
+        budget = min(int(fraction * total) - weights - activations, free)
+        if budget <= 0:
+            gib = 2**30
+            raise ValueError(
+                f"no memory left for the KV cache: {fraction:.0%} of "
+                f"{total / gib:.1f} GiB holds the weights ({weights / gib:.2f} GiB) "
+                f"and a forward pass over {num_tokens} tokens "
+                f"({activations / gib:.2f} GiB), with {free / gib:.1f} GiB free; "
+                "lower max_num_batched_tokens or raise kv_cache_memory"
+            )
+        return budget
 
     def _preemption_scheduler(self, mode, swap_space, victim, settings):
         """Chapter 09's scheduler: a victim policy, and swapping to CPU memory."""

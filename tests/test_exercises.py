@@ -158,6 +158,13 @@ CASES = [
         lambda r, b, w: True,
     ),
     ("ch09", "crossover_tokens", exercises.check_crossover_tokens, lambda *a: 1),
+    ("ch10", "decode_bytes", exercises.check_decode_bytes, lambda *a: a[0] * a[1]),
+    (
+        "ch10",
+        "normalized_latency",
+        exercises.check_normalized_latency,
+        lambda a, f, n: (sum(f) - sum(a)) / sum(n),
+    ),
     (
         "ch11",
         "prefix_saving",

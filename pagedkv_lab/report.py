@@ -1,0 +1,644 @@
+"""`python -m pagedkv_lab.bench all --out report/`: every benchmark of the
+course on the device at hand, written to one folder.
+
+Each section measures its systems side by side in one run and reports ratios:
+
+* ``kernel``: paged against contiguous decode attention over a grid of batch
+  sizes and context lengths (claim S1), the bandwidth each reaches against the
+  device's measured copy bandwidth (a roofline), and kernel time by block size;
+* ``serve``: this engine, transformers' ``generate`` and continuous batching, and
+  vLLM where a vLLM python is found, on W1 (chat-like), W2 (uniform), W3 (a
+  shared system prompt, prefix caching on everywhere it exists) and W1 under
+  memory pressure (a quarter of the KV budget);
+* ``sampling``: parallel sampling with and without shared blocks (chapter 07);
+* ``rate``: latency against request rate under Poisson arrivals, the vLLM
+  paper's Figure 12 shape, for this engine paged and with max-length
+  reservation;
+* ``blocks``: block size 8-128 end to end (claim S4): throughput, memory
+  waste, kernel time.
+
+``report.md`` collects the tables, with the device, model, dtype and versions;
+``results.json`` holds every number; each section adds a figure. Sizes follow
+the device (`device.by_device`); ``quick=True`` shrinks them for a CPU smoke run
+(chapter 10 calls the sections itself, at its own sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from .bench import (
+    _prompt_ids,
+    kernel_benchmark,
+    scaled_chat_trace,
+    serve_benchmark,
+    time_call,
+    time_calls,
+)
+from .device import by_device, device_report
+from .engine import SamplingParams
+
+SECTIONS = ("kernel", "serve", "sampling", "rate", "blocks")
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 256 * 2**20) -> float:
+    """Bytes per second of a plain tensor copy (read + write counted), the
+    ceiling a memory-bound kernel can approach on this device."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = time_call(partial(dst.copy_, src), device, 5)
+    return 2 * nbytes / seconds
+
+
+def kernel_section(
+    device: torch.device,
+    batch_sizes=None,
+    context_lens=None,
+    block_sizes=BLOCK_SIZES,
+    repeats: int | None = None,
+) -> dict:
+    """S1 and the roofline: `bench.kernel_benchmark` over the grid, each row's
+    achieved bandwidth beside the copy bandwidth; then one shape timed at every
+    block size."""
+    batch_sizes = batch_sizes or by_device((1, 8, 32), (1, 8, 64, 256), device)
+    context_lens = context_lens or by_device(
+        (128, 512, 2048, 4096), (128, 1024, 4096, 16384, 32768), device
+    )
+    repeats = repeats or by_device(9, 30, device)
+    dtypes = by_device((torch.float32,), (torch.float16, torch.bfloat16), device)
+    rows = []
+    for dtype in dtypes:
+        for row in kernel_benchmark(
+            device, batch_sizes, context_lens, dtype=dtype, repeats=repeats
+        ):
+            row["dtype"] = str(dtype).removeprefix("torch.")
+            rows.append(row)
+    copy = copy_bandwidth(device)
+    for row in rows:
+        row["contiguous_GBps"] = row["kv_bytes"] / row["contiguous_ms"] * 1e-6
+        row.setdefault("copy_GBps", copy / 1e9)
+        row.setdefault("fraction_of_copy", row["paged_GBps"] / row["copy_GBps"])
+    shape = dict(batch_sizes=(batch_sizes[len(batch_sizes) // 2],))
+    shape["context_lens"] = (context_lens[-2] if len(context_lens) > 1 else 1024,)
+    by_block = []
+    for bs in block_sizes:
+        (r,) = kernel_benchmark(device, block_size=bs, repeats=repeats, **shape)
+        by_block.append({"block_size": bs, **r})
+    return {"rows": rows, "copy_GBps": copy / 1e9, "by_block": by_block}
+
+
+def plot_roofline(kernel: dict, path: str | None = None):
+    """Achieved bandwidth of paged and contiguous decode against context length,
+    one panel per batch size, the device's copy bandwidth as the ceiling."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import SERIES, use_style
+
+    use_style()
+    rows = [r for r in kernel["rows"] if r["dtype"] == kernel["rows"][0]["dtype"]]
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(
+        1, len(batches), figsize=(2.6 * len(batches) + 1, 3.2), sharey=True
+    )
+    axes = [axes] if len(batches) == 1 else list(axes)
+    for ax, b in zip(axes, batches):
+        mine = [r for r in rows if r["batch"] == b]
+        ctx = [r["context_len"] for r in mine]
+        ax.plot(ctx, [r["paged_GBps"] for r in mine], "o-", color=SERIES[0])
+        ax.plot(ctx, [r["contiguous_GBps"] for r in mine], "s--", color=SERIES[1])
+        ax.axhline(kernel["copy_GBps"], color="black", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"batch {b}", fontsize=9)
+        ax.set_xlabel("context (tokens)")
+    axes[0].set_ylabel("K/V read (GB/s)")
+    axes[0].legend(
+        [f"paged ({rows[0]['path']})", "contiguous SDPA", "copy bandwidth"],
+        fontsize=7,
+        loc="lower right",
+    )
+    fig.suptitle(f"Decode attention against the memory roofline ({rows[0]['dtype']})")
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig
+
+
+def _prefix_workload(n: int, max_model_len: int, seed: int = 3):
+    """W3 scaled to ``max_model_len``: one system prompt of a quarter of it."""
+    from .workloads import Request, system_prompt_workload
+
+    system_len = max(16, max_model_len // 4)
+    token_requests = system_prompt_workload(
+        n,
+        system_len=system_len,
+        user_len=(4, 32),
+        output_len=(8, max(9, max_model_len // 8)),
+        seed=seed,
+    )
+    requests = [
+        Request(i, 0.0, len(t.prompt), len(t.output))
+        for i, t in enumerate(token_requests)
+    ]
+    return requests, [t.prompt for t in token_requests]
+
+
+def serve_section(
+    device: torch.device,
+    model: str | None = None,
+    num_requests: int | None = None,
+    max_model_len: int = 512,
+    budget_requests: int = 8,
+    repeats: int = 3,
+    vllm_python: str | None = None,
+    workloads=("w1", "w2", "w3-prefix", "w1-pressure"),
+    progress: Callable | None = None,
+    include_vllm: bool = True,
+) -> dict:
+    """`bench.serve_benchmark` on each workload, every system, one KV budget
+    per workload. vLLM joins when `bench.find_vllm_python` finds it (and
+    ``include_vllm``)."""
+    from .bench import SYSTEMS, find_vllm_python
+    from .workloads import uniform_workload
+
+    model = model or "small-llama"
+    n = num_requests or by_device(32, 512, device)
+    systems = list(SYSTEMS)
+    if include_vllm and find_vllm_python(vllm_python) is not None:
+        systems.append("vllm")
+    lo, hi = max(1, 100 * max_model_len // 2048), max(2, 1024 * max_model_len // 2048)
+    out = {}
+    for name in workloads:
+        prompts, budget, chosen, prefix = None, budget_requests, systems, False
+        if name == "w1":
+            requests = scaled_chat_trace(n, max_model_len)
+        elif name == "w2":
+            requests = uniform_workload(n, low=lo, high=hi)
+        elif name == "w3-prefix":
+            requests, prompts = _prefix_workload(n, max_model_len)
+            # generate has no prefix cache; the others turn theirs on
+            chosen = [s for s in systems if s not in ("contiguous", "hf-generate")]
+            prefix = True
+        elif name == "w1-pressure":
+            requests = scaled_chat_trace(n, max_model_len, seed=1)
+            budget = max(1, budget_requests // 4)
+        else:
+            raise ValueError(f"unknown workload {name!r}")
+        rows, outputs = serve_benchmark(
+            model,
+            requests,
+            device=device,
+            max_model_len=max_model_len,
+            budget_requests=budget,
+            systems=tuple(chosen),
+            repeats=repeats,
+            vllm_python=vllm_python,
+            prompts=prompts,
+            prefix_caching=prefix,
+        )
+        first = outputs[rows[0]["system"]]
+        for row in rows:
+            same = sum(a == b for a, b in zip(outputs[row["system"]], first))
+            row["same_tokens_as_first"] = same
+        out[name] = {"requests": len(requests), "budget_requests": budget, "rows": rows}
+        if progress:
+            progress(name)
+    return out
+
+
+def sampling_section(
+    device: torch.device, num_prompts: int | None = None, n: int = 4
+) -> dict:
+    """Parallel sampling of ``n`` per prompt under a tight KV budget: one
+    request forked with lazy copy-on-write, with an eager tail copy, and ``n``
+    independent requests (chapter 07's `experiments.sharing_designs`)."""
+    from .experiments import prompts_for, sharing_designs
+    from .models import load_model
+
+    k = num_prompts or by_device(6, 64, device)
+    requests = scaled_chat_trace(k, 512, seed=2)
+    prompts = prompts_for([r.prompt_len for r in requests], seed=2)
+    outs = [min(r.output_len, 96) for r in requests]
+    pair = load_model(by_device("tiny-llama", "small-llama", device), device=device)
+    rows = sharing_designs(
+        prompts, outs, n, kv_tokens=by_device(768, 8192, device), model=pair
+    )
+    base = next(r for r in rows if r["design"] == "no sharing")
+    for r in rows:
+        r["speedup"] = base["seconds"] / r["seconds"]
+        r.pop("tokens", None)
+    return {"n": n, "prompts": k, "rows": rows}
+
+
+def serve_online(
+    llm, prompts, params, arrivals: list[float]
+) -> list[tuple[float, int]]:
+    """Replay ``arrivals`` (seconds from now) against ``llm`` in real time:
+    requests join as their time comes, the engine steps while it has work.
+    Returns, per request, (latency from its arrival to its last token, output
+    tokens)."""
+    start = time.perf_counter()
+    index, ids, done = 0, {}, {}
+    while len(done) < len(prompts):
+        now = time.perf_counter() - start
+        while index < len(prompts) and arrivals[index] <= now:
+            ids[llm.add_request(prompts[index], params[index])] = index
+            index += 1
+        if llm.has_unfinished_requests():
+            for out in llm.step():
+                done[ids[out.request_id]] = (
+                    time.perf_counter() - start - arrivals[ids[out.request_id]],
+                    len(out.token_ids),
+                )
+        else:
+            time.sleep(max(0.0, arrivals[index] - now))
+    return [done[i] for i in range(len(prompts))]
+
+
+def rate_section(
+    device: torch.device,
+    model: str | None = None,
+    num_requests: int | None = None,
+    max_model_len: int = 256,
+    budget_requests: int = 4,
+    loads=(0.25, 0.5, 0.75, 1.0, 1.5),
+    seed: int = 0,
+    progress: Callable | None = None,
+) -> dict:
+    """Normalised latency (seconds per output token, mean over requests)
+    against request rate, Poisson arrivals, for this engine paged and with
+    max-length reservation (chapter 02's scheme, what Orca (Max) does), one KV
+    budget. Rates are multiples (``loads``) of the paged engine's offline
+    throughput in requests per second, measured first."""
+    from .kvmath import KVSpec
+    from .llm import LLM
+    from .models import load_model
+
+    name = model or by_device("tiny-llama", "small-llama", device)
+    pair = load_model(name, device=device)
+    n = num_requests or by_device(24, 400, device)
+    requests = scaled_chat_trace(n, max_model_len, seed=seed)
+    prompts = _prompt_ids(requests, seed)
+    params = [
+        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+        for r in requests
+    ]
+    spec = KVSpec.from_config(pair[0].config, pair[0].dtype)
+    budget = spec.bytes_for(budget_requests * max_model_len)
+
+    def engine(reserve: bool):
+        return LLM(
+            pair,
+            kv_cache_memory=budget,
+            max_model_len=max_model_len,
+            reserve_max_len=reserve,
+        )
+
+    warm = engine(False)
+    warm.generate(prompts[:2], params[:2], use_tqdm=False)
+    t0 = time.perf_counter()
+    warm.generate(prompts, params, use_tqdm=False)
+    capacity = n / (time.perf_counter() - t0)
+    gen = torch.Generator().manual_seed(seed)
+    gaps = torch.empty(n, dtype=torch.float64).exponential_(generator=gen)
+    rows = []
+    for load in loads:
+        rate = load * capacity
+        arrivals = (torch.cumsum(gaps, 0) / rate).tolist()
+        for system, reserve in (("pagedkv", False), ("max-length reservation", True)):
+            served = serve_online(engine(reserve), prompts, params, arrivals)
+            rows.append(
+                {
+                    "system": system,
+                    "load": load,
+                    "rate_req_per_s": rate,
+                    "normalized_latency_s": statistics.fmean(
+                        lat / max(1, k) for lat, k in served
+                    ),
+                    "p90_latency_s": sorted(lat for lat, _ in served)[
+                        math.ceil(0.9 * n) - 1
+                    ],
+                }
+            )
+        if progress:
+            progress(f"load {load}")
+    return {"model": name, "requests": n, "capacity_req_per_s": capacity, "rows": rows}
+
+
+def plot_latency_vs_rate(rate: dict, path: str | None = None):
+    """Normalised latency against request rate, one curve per system."""
+    import matplotlib.pyplot as plt
+
+    from .plotting import SERIES, use_style
+
+    use_style()
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    systems = list(dict.fromkeys(r["system"] for r in rate["rows"]))
+    for color, system in zip(SERIES, systems):
+        mine = [r for r in rate["rows"] if r["system"] == system]
+        ax.plot(
+            [r["rate_req_per_s"] for r in mine],
+            [r["normalized_latency_s"] for r in mine],
+            "o-",
+            color=color,
+            label=system,
+        )
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("normalised latency (s/token)")
+    ax.set_title(f"{rate['model']}, {rate['requests']} requests, Poisson arrivals")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig
+
+
+def blocks_section(
+    device: torch.device,
+    model: str | None = None,
+    num_requests: int | None = None,
+    max_model_len: int = 512,
+    budget_requests: int = 8,
+    block_sizes=BLOCK_SIZES,
+    repeats: int = 3,
+    kernel: dict | None = None,
+) -> dict:
+    """S4 end to end: one engine per block size under one KV budget, served in
+    alternation (throughput relative to block 16, same tokens); memory waste
+    from chapter 03's simulator on a full-size W1 trace; kernel time by block
+    size from ``kernel`` (`kernel_section`) when given."""
+    from .kvmath import KVSpec
+    from .llm import LLM
+    from .models import load_model
+    from .paging import PagedPool
+    from .workloads import chat_workload, simulate
+
+    name = model or by_device("tiny-llama", "small-llama", device)
+    pair = load_model(name, device=device)
+    n = num_requests or by_device(16, 256, device)
+    requests = scaled_chat_trace(n, max_model_len, seed=4)
+    prompts = _prompt_ids(requests, 4)
+    params = [
+        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+        for r in requests
+    ]
+    spec = KVSpec.from_config(pair[0].config, pair[0].dtype)
+    budget = spec.bytes_for(budget_requests * max_model_len)
+    engines = {
+        bs: LLM(
+            pair, block_size=bs, kv_cache_memory=budget, max_model_len=max_model_len
+        )
+        for bs in block_sizes
+    }
+    tokens = {}
+
+    def serve(bs):
+        outs = engines[bs].generate(prompts, params, use_tqdm=False)
+        tokens[bs] = [o.token_ids for o in outs]
+
+    seconds = time_calls(
+        {bs: partial(serve, bs) for bs in block_sizes}, device, repeats
+    )
+    trace = chat_workload(400, seed=0, arrival_rate=1.0, max_model_len=2048)
+    kernel_ms = {
+        r["block_size"]: r["paged_ms"] for r in (kernel or {}).get("by_block", [])
+    }
+    ref = 16 if 16 in block_sizes else block_sizes[0]
+    rows = []
+    for bs in block_sizes:
+        f = simulate(trace, PagedPool(16 * 2048 // bs, bs, 2048)).fractions()
+        rows.append(
+            {
+                "block_size": bs,
+                "throughput_vs_ref": seconds[ref] / seconds[bs],
+                "tok_per_s": sum(map(len, tokens[bs])) / seconds[bs],
+                "unfilled_share": f["internal"],
+                "kernel_ms": kernel_ms.get(bs),
+                "same_tokens": tokens[bs] == tokens[ref],
+            }
+        )
+    return {"model": name, "requests": n, "reference_block": ref, "rows": rows}
+
+
+# -- the report ------------------------------------------------------------------
+
+
+def _md_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Markdown table: (header, key, format) per column."""
+    head = "| " + " | ".join(h for h, _, _ in columns) + " |"
+    rule = "|" + "---|" * len(columns)
+    body = []
+    for r in rows:
+        cells = []
+        for _, key, fmt in columns:
+            v = r.get(key)
+            missing = v is None or (isinstance(v, float) and math.isnan(v))
+            cells.append("—" if missing else format(v, fmt))
+        body.append("| " + " | ".join(cells) + " |")
+    return "\n".join([head, rule, *body])
+
+
+SERVE_COLUMNS = [
+    ("system", "system", ""),
+    ("tok/s", "output_tok_per_s", ".1f"),
+    ("ratio", "ratio", ".2f"),
+    ("TTFT p50 s", "ttft_p50", ".2f"),
+    ("TTFT p90 s", "ttft_p90", ".2f"),
+    ("TPOT p50 s", "tpot_p50", ".3f"),
+    ("TPOT p90 s", "tpot_p90", ".3f"),
+    ("peak KV MiB", "peak_kv_MiB", ".1f"),
+    ("same tokens", "same_tokens_as_first", "d"),
+]
+
+
+def write_report(results: dict, out: Path) -> str:
+    """``report.md`` from ``results`` (what `run_all` measured)."""
+    lines = ["# pagedkv_lab benchmark report", ""]
+    lines += [f"- {k}: {v}" for k, v in results["environment"].items()]
+    lines += [f"- command: `{results['command']}`", ""]
+    if "kernel" in results:
+        k = results["kernel"]
+        lines += [
+            "## Kernel: paged vs contiguous decode attention (S1)",
+            "",
+            f"Copy bandwidth of this device: {k['copy_GBps']:.1f} GB/s "
+            "(read + write). Ratios are time over contiguous SDPA's, same K/V. "
+            "S5 (LIFO vs FIFO free list, L2 hit rate) needs a GPU profiler's "
+            "hardware counters: unmeasured.",
+            "",
+            _md_table(
+                k["rows"],
+                [
+                    ("dtype", "dtype", ""),
+                    ("batch", "batch", "d"),
+                    ("context", "context_len", "d"),
+                    ("contig ms", "contiguous_ms", ".3f"),
+                    ("paged ms", "paged_ms", ".3f"),
+                    ("paged/contig", "paged_over_contiguous", ".2f"),
+                    ("torch/contig", "torch_over_contiguous", ".2f"),
+                    ("paged GB/s", "paged_GBps", ".1f"),
+                    ("contig GB/s", "contiguous_GBps", ".1f"),
+                ],
+            ),
+            "",
+            "![roofline](roofline.png)",
+            "",
+        ]
+    if "serve" in results:
+        lines += ["## Serving (S2)", ""]
+        for name, w in results["serve"].items():
+            r0 = w["rows"][0]
+            lines += [
+                f"### {name}: {w['requests']} requests, {r0['model']}, KV budget "
+                f"{r0['budget_kv_MiB']:.1f} MiB, {r0['repeats']} alternating rounds",
+                "",
+                _md_table(w["rows"], SERVE_COLUMNS),
+                "",
+            ]
+    if "sampling" in results:
+        s = results["sampling"]
+        lines += [
+            f"## Parallel sampling, n = {s['n']}, {s['prompts']} prompts (C1)",
+            "",
+            _md_table(
+                s["rows"],
+                [
+                    ("design", "design", ""),
+                    ("seconds", "seconds", ".2f"),
+                    ("speedup", "speedup", ".2f"),
+                    ("steps", "steps", "d"),
+                    ("preemptions", "preemptions", "d"),
+                    ("tokens computed", "tokens_computed", "d"),
+                    ("mean blocks", "mean_blocks", ".1f"),
+                ],
+            ),
+            "",
+        ]
+    if "rate" in results:
+        r = results["rate"]
+        lines += [
+            f"## Latency against request rate ({r['model']}, {r['requests']} "
+            "requests, Poisson arrivals)",
+            "",
+            f"Offline capacity of the paged engine: {r['capacity_req_per_s']:.2f} req/s.",
+            "",
+            _md_table(
+                r["rows"],
+                [
+                    ("system", "system", ""),
+                    ("load", "load", ".2f"),
+                    ("rate req/s", "rate_req_per_s", ".2f"),
+                    ("normalised latency s/token", "normalized_latency_s", ".3f"),
+                    ("p90 latency s", "p90_latency_s", ".2f"),
+                ],
+            ),
+            "",
+            "![latency](latency_vs_rate.png)",
+            "",
+        ]
+    if "blocks" in results:
+        b = results["blocks"]
+        lines += [
+            f"## Block size end to end (S4), {b['model']}, {b['requests']} requests",
+            "",
+            _md_table(
+                b["rows"],
+                [
+                    ("block size", "block_size", "d"),
+                    (
+                        f"throughput / block {b['reference_block']}",
+                        "throughput_vs_ref",
+                        ".2f",
+                    ),
+                    ("tok/s", "tok_per_s", ".1f"),
+                    ("unfilled share (W1 sim)", "unfilled_share", ".1%"),
+                    ("kernel ms", "kernel_ms", ".3f"),
+                ],
+            ),
+            "",
+        ]
+    text = "\n".join(lines)
+    (out / "report.md").write_text(text)
+    return text
+
+
+def run_all(
+    out: str | Path,
+    device: torch.device,
+    sections=SECTIONS,
+    vllm_python: str | None = None,
+    command: str = "python -m pagedkv_lab.bench all",
+    quick: bool = False,
+) -> dict:
+    """Run ``sections`` on ``device``, write ``report.md``, ``results.json`` and
+    the figures into ``out``; return the results. ``quick`` runs small sizes
+    (a smoke test of the whole pipeline)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        raise ValueError(
+            f"unknown section(s) {sorted(unknown)}; choose from {SECTIONS}"
+        )
+    results: dict = {
+        "environment": device_report(device),
+        "command": command,
+        "threads": torch.get_num_threads(),
+    }
+    small = dict(num_requests=8) if quick else {}
+    bar = tqdm(total=len(sections), desc="bench all", unit="section")
+    for name in sections:
+        bar.set_postfix_str(name)
+        t0 = time.perf_counter()
+        if name == "kernel":
+            grid = dict(batch_sizes=(1, 4), context_lens=(128, 512), repeats=3)
+            results["kernel"] = kernel_section(device, **(grid if quick else {}))
+            plot_roofline(results["kernel"], str(out / "roofline.png"))
+        elif name == "serve":
+            results["serve"] = serve_section(
+                device,
+                vllm_python=vllm_python,
+                repeats=1 if quick else 3,
+                progress=lambda w: bar.set_postfix_str(f"serve {w}"),
+                **small,
+            )
+        elif name == "sampling":
+            results["sampling"] = sampling_section(
+                device, num_prompts=2 if quick else None
+            )
+        elif name == "rate":
+            results["rate"] = rate_section(
+                device,
+                loads=(0.5, 1.0) if quick else (0.25, 0.5, 0.75, 1.0, 1.5),
+                progress=lambda s: bar.set_postfix_str(f"rate {s}"),
+                **small,
+            )
+            plot_latency_vs_rate(results["rate"], str(out / "latency_vs_rate.png"))
+        elif name == "blocks":
+            results["blocks"] = blocks_section(
+                device,
+                kernel=results.get("kernel"),
+                repeats=1 if quick else 3,
+                **small,
+            )
+        results.setdefault("seconds", {})[name] = time.perf_counter() - t0
+        bar.update()
+        (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    bar.close()
+    write_report(results, out)
+    return results
