@@ -407,7 +407,7 @@ def blocks_section(
         tokens[bs] = [o.token_ids for o in outs]
 
     seconds = time_calls(
-        {bs: partial(serve, bs) for bs in block_sizes}, device, repeats
+        {bs: partial(serve, bs) for bs in block_sizes}, device, repeats, warmup=1
     )
     trace = chat_workload(400, seed=0, arrival_rate=1.0, max_model_len=2048)
     kernel_ms = {
