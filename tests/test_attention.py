@@ -14,7 +14,10 @@ from pagedkv_lab.attention import (
     paged_decode,
     paged_decode_torch,
     paged_decode_triton,
+    paged_prefill,
     paged_prefill_torch,
+    paged_prefill_triton,
+    prefill_as_decode,
     reference_paged_attention,
 )
 
@@ -278,3 +281,83 @@ def test_triton_specialisations_stay_bounded_as_tables_grow(monkeypatch):
         ref = reference_paged_attention(q, k, v, tables, lens)
         assert (out.double() - ref).abs().max() < 2e-5
     assert len(keys) <= 3, f"{len(keys)} specialisations for {len(widths)} widths"
+
+
+def prefill_problem(seed, new, cached, heads, kv_heads, head_dim, bs, dtype):
+    """Packed queries for sequences with ``new[i]`` new tokens after ``cached[i]``
+    cached ones; tables padded with -1 past each sequence's last block."""
+    g = torch.Generator().manual_seed(seed)
+    ctx = torch.tensor([n + c for n, c in zip(new, cached)])
+    need = [-(-int(n) // bs) for n in ctx]
+    width = max(need, default=0) + 1
+    num_blocks = sum(need) + 3
+    shape = (num_blocks, bs, kv_heads, head_dim)
+    k = torch.randn(shape, generator=g).to(dtype)
+    v = torch.randn(shape, generator=g).to(dtype)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    tables = torch.full((len(new), width), -1, dtype=torch.int32)
+    for i, n in enumerate(need):
+        tables[i, :n] = torch.tensor(order[:n], dtype=torch.int32)
+        order = order[n:]
+    starts = torch.tensor([0, *new]).cumsum(0)
+    q = torch.randn(int(starts[-1]), heads, head_dim, generator=g).to(dtype)
+    return q, k, v, tables, ctx, starts
+
+
+# new tokens, cached tokens, heads, kv_heads, head_dim, block size
+PREFILL_SHAPES = [
+    ([1, 7, 19], [0, 5, 30], 4, 2, 40, 16),  # the chapter's check
+    ([3, 0, 12], [4, 9, 0], 4, 4, 64, 8),  # a sequence with no new tokens, MHA
+    ([0, 0], [3, 8], 8, 2, 40, 8),  # no queries at all
+    ([33, 2], [0, 40], 8, 2, 64, 32),  # GQA 4, rows across blocks of 32
+    ([5, 1, 9, 2], [11, 0, 23, 70], 2, 1, 40, 32),  # GQA 2, mixed decode rows
+]
+
+
+@pytest.mark.parametrize("shape", PREFILL_SHAPES)
+def test_triton_prefill_matches_float64(poisoned, shape):
+    q, k, v, tables, ctx, starts = prefill_problem(3, *shape, torch.float32)
+    ref = reference_paged_attention(q, k, v, tables, ctx, starts)
+    out = paged_prefill_triton(q, k, v, tables, ctx, starts)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.isfinite().all()
+    scale = max([1.0, *ref.abs().flatten().tolist()])
+    torch.testing.assert_close(out.double(), ref, atol=2e-5 * scale, rtol=0)
+
+
+def test_prefill_rows_are_decode_problems_with_causal_lengths():
+    tables = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    ctx, starts = torch.tensor([4, 9, 6]), torch.tensor([0, 2, 2, 5])
+    row_tables, row_lens = prefill_as_decode(tables, ctx, starts, 5)
+    # sequence 0: 2 new of 4 tokens; sequence 1: none; sequence 2: 3 new of 6
+    assert row_lens.tolist() == [3, 4, 4, 5, 6]
+    assert row_tables.tolist() == [tables[i].tolist() for i in (0, 0, 2, 2, 2)]
+
+
+def test_triton_prefill_of_an_empty_batch_and_its_checks():
+    k = v = torch.zeros(4, 8, 2, 16)
+    q = torch.zeros(0, 4, 16)
+    empty = torch.zeros(0, 3, dtype=torch.int32)
+    lens, starts = torch.zeros(0, dtype=torch.long), torch.tensor([0])
+    assert paged_prefill_triton(q, k, v, empty, lens, starts).shape == (0, 4, 16)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        paged_prefill_triton(q, k, v, empty, lens, torch.tensor([0, 1]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("shape", PREFILL_SHAPES)
+def test_triton_prefill_on_cuda_matches_float64(shape, dtype):
+    """Compiled for the GPU; the tolerance is the storage type's, relative to the
+    largest output, as for decode (fp32 math, the result rounded to ``dtype``)."""
+    if dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("bf16 needs sm_80 or newer")
+    q, k, v, tables, ctx, starts = prefill_problem(5, *shape, dtype)
+    ref = reference_paged_attention(q, k, v, tables, ctx, starts)
+    args = [t.cuda() for t in (q, k, v, tables, ctx, starts)]
+    out = paged_prefill_triton(*args)
+    assert out.dtype == dtype and out.isfinite().all()
+    scale = max([1.0, *ref.abs().flatten().tolist()])
+    atol = TOLERANCE[dtype] * scale
+    torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=0)
+    # the dispatcher takes the same path on CUDA
+    assert torch.equal(paged_prefill(*args), out)
