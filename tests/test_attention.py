@@ -1,5 +1,6 @@
 """Paged attention paths against a float64 reference, on fresh random shapes
-(Triton in its interpreter). The C++ kernel has its own file, test_cpu_kernel.py."""
+(Triton in its interpreter, or compiled where there is a GPU). The C++ kernel has
+its own file, test_cpu_kernel.py."""
 
 import math
 
@@ -22,6 +23,13 @@ from pagedkv_lab.attention import (
 )
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# The Triton tests run compiled on a GPU when there is one (`make gpu-check`),
+# else in the interpreter; the float64 reference always runs on the CPU.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def on_device(*tensors):
+    return [t.to(DEVICE) for t in tensors]
 
 
 def problem(
@@ -93,9 +101,11 @@ def test_triton_decode_matches_float64(
         seed, seqs, heads, kvh, head_dim, bs, mb, dtype, share
     )
     ref = reference_paged_attention(q, k, v, tables, lens)
-    out = paged_decode_triton(q, k, v, tables, lens, blocks_per_part=blocks_per_part)
+    out = paged_decode_triton(
+        *on_device(q, k, v, tables, lens), blocks_per_part=blocks_per_part
+    )
     assert out.dtype == dtype and out.shape == q.shape and out.isfinite().all()
-    assert (out.double() - ref).abs().max() <= TOLERANCE[dtype] * max(
+    assert (out.double().cpu() - ref).abs().max() <= TOLERANCE[dtype] * max(
         1.0, ref.abs().max().item()
     )
 
@@ -175,9 +185,9 @@ def test_bad_arguments_fail_with_clear_messages():
         paged_decode_torch(q, k, v, tables.float(), lens)
     with pytest.raises(ValueError, match="power-of-two block size"):
         q2, k2, v2, t2, l2 = problem(0, 2, 4, 2, 16, 12, 2)
-        paged_decode_triton(q2, k2, v2, t2, l2)
+        paged_decode_triton(*on_device(q2, k2, v2, t2, l2))
     with pytest.raises(ValueError, match="share one of"):
-        paged_decode_triton(q.half(), k, v, tables, lens)
+        paged_decode_triton(*on_device(q.half(), k, v, tables, lens))
     with pytest.raises(ValueError, match="query_start_loc"):
         paged_prefill_torch(q, k, v, tables, lens, torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="queries <= context length"):
@@ -237,16 +247,17 @@ def test_heavy_tailed_decode_batch_matches_float64():
 def test_triton_accepts_block_tables_and_lengths_of_any_strides():
     q, k, v, tables, lens = problem(11, 3, 4, 2, 32, 8, 5)
     ref = reference_paged_attention(q, k, v, tables, lens)
+    q, k, v, tables, lens = on_device(q, k, v, tables, lens)
     column_major = tables.t().contiguous().t()  # transposed, then viewed back
     assert column_major.stride() == (1, 3)
-    wide = torch.full((3, 10), -1, dtype=torch.int32)
+    wide = torch.full((3, 10), -1, dtype=torch.int32, device=DEVICE)
     wide[:, ::2] = tables  # every other column: a stride of 2 along the table
     every_other = wide[:, ::2]
     strided_lens = torch.stack([lens, lens * 0], 1)[:, 0]
     for t in (column_major, every_other):
         for bpp in (None, 2):
             out = paged_decode_triton(q, k, v, t, strided_lens, blocks_per_part=bpp)
-            assert (out.double() - ref).abs().max() < 2e-5
+            assert (out.double().cpu() - ref).abs().max() < 2e-5
 
 
 def test_triton_specialisations_stay_bounded_as_tables_grow(monkeypatch):
@@ -277,9 +288,9 @@ def test_triton_specialisations_stay_bounded_as_tables_grow(monkeypatch):
         # at most two blocks, which keeps the interpreter quick
         lens = torch.tensor([min(width * bs, 13), 1 + width % 5])
         q = torch.randn(2, 2, 16, generator=gen)
-        out = paged_decode_triton(q, k, v, tables, lens)
         ref = reference_paged_attention(q, k, v, tables, lens)
-        assert (out.double() - ref).abs().max() < 2e-5
+        out = paged_decode_triton(*on_device(q, k, v, tables, lens))
+        assert (out.double().cpu() - ref).abs().max() < 2e-5
     assert len(keys) <= 3, f"{len(keys)} specialisations for {len(widths)} widths"
 
 
@@ -318,10 +329,10 @@ PREFILL_SHAPES = [
 def test_triton_prefill_matches_float64(poisoned, shape):
     q, k, v, tables, ctx, starts = prefill_problem(3, *shape, torch.float32)
     ref = reference_paged_attention(q, k, v, tables, ctx, starts)
-    out = paged_prefill_triton(q, k, v, tables, ctx, starts)
+    out = paged_prefill_triton(*on_device(q, k, v, tables, ctx, starts))
     assert out.shape == q.shape and out.dtype == q.dtype and out.isfinite().all()
     scale = max([1.0, *ref.abs().flatten().tolist()])
-    torch.testing.assert_close(out.double(), ref, atol=2e-5 * scale, rtol=0)
+    torch.testing.assert_close(out.double().cpu(), ref, atol=2e-5 * scale, rtol=0)
 
 
 def test_prefill_rows_are_decode_problems_with_causal_lengths():
@@ -334,13 +345,18 @@ def test_prefill_rows_are_decode_problems_with_causal_lengths():
 
 
 def test_triton_prefill_of_an_empty_batch_and_its_checks():
-    k = v = torch.zeros(4, 8, 2, 16)
-    q = torch.zeros(0, 4, 16)
-    empty = torch.zeros(0, 3, dtype=torch.int32)
-    lens, starts = torch.zeros(0, dtype=torch.long), torch.tensor([0])
+    k, v, q, empty, lens, starts, bad = on_device(
+        torch.zeros(4, 8, 2, 16),
+        torch.zeros(4, 8, 2, 16),
+        torch.zeros(0, 4, 16),
+        torch.zeros(0, 3, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.long),
+        torch.tensor([0]),
+        torch.tensor([0, 1]),
+    )
     assert paged_prefill_triton(q, k, v, empty, lens, starts).shape == (0, 4, 16)
     with pytest.raises(ValueError, match="query_start_loc"):
-        paged_prefill_triton(q, k, v, empty, lens, torch.tensor([0, 1]))
+        paged_prefill_triton(q, k, v, empty, lens, bad)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
