@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
-.PHONY: setup book test lab export execute lint clean
+.PHONY: setup book test lab export execute lint clean gpu-check
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,12 @@ EXECUTE := --to notebook --execute --inplace --ExecutePreprocessor.timeout=1200 
 execute: setup  ## re-run every chapter top to bottom and store its outputs (CPU run: commit these)
 	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
 	  $(BIN)/jupyter nbconvert $(EXECUTE) $$nb || exit 1; done
+
+# The report folder of `make gpu-check` (ignored by git).
+OUT ?= gpu-report
+
+gpu-check: setup  ## on a CUDA machine: GPU tests, chapters 04-11, `bench all` into $(OUT)/
+	OUT="$(OUT)" PY="$(BIN)/python" bash scripts/gpu_check.sh
 
 lint: setup
 	$(BIN)/ruff check pagedkv_lab tests solutions

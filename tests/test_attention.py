@@ -1,5 +1,6 @@
 """Paged attention paths against a float64 reference, on fresh random shapes
-(Triton in its interpreter). The C++ kernel has its own file, test_cpu_kernel.py."""
+(Triton in its interpreter, or compiled where there is a GPU). The C++ kernel has
+its own file, test_cpu_kernel.py."""
 
 import math
 
@@ -14,11 +15,21 @@ from pagedkv_lab.attention import (
     paged_decode,
     paged_decode_torch,
     paged_decode_triton,
+    paged_prefill,
     paged_prefill_torch,
+    paged_prefill_triton,
+    prefill_as_decode,
     reference_paged_attention,
 )
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# The Triton tests run compiled on a GPU when there is one (`make gpu-check`),
+# else in the interpreter; the float64 reference always runs on the CPU.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def on_device(*tensors):
+    return [t.to(DEVICE) for t in tensors]
 
 
 def problem(
@@ -90,9 +101,11 @@ def test_triton_decode_matches_float64(
         seed, seqs, heads, kvh, head_dim, bs, mb, dtype, share
     )
     ref = reference_paged_attention(q, k, v, tables, lens)
-    out = paged_decode_triton(q, k, v, tables, lens, blocks_per_part=blocks_per_part)
+    out = paged_decode_triton(
+        *on_device(q, k, v, tables, lens), blocks_per_part=blocks_per_part
+    )
     assert out.dtype == dtype and out.shape == q.shape and out.isfinite().all()
-    assert (out.double() - ref).abs().max() <= TOLERANCE[dtype] * max(
+    assert (out.double().cpu() - ref).abs().max() <= TOLERANCE[dtype] * max(
         1.0, ref.abs().max().item()
     )
 
@@ -172,9 +185,9 @@ def test_bad_arguments_fail_with_clear_messages():
         paged_decode_torch(q, k, v, tables.float(), lens)
     with pytest.raises(ValueError, match="power-of-two block size"):
         q2, k2, v2, t2, l2 = problem(0, 2, 4, 2, 16, 12, 2)
-        paged_decode_triton(q2, k2, v2, t2, l2)
+        paged_decode_triton(*on_device(q2, k2, v2, t2, l2))
     with pytest.raises(ValueError, match="share one of"):
-        paged_decode_triton(q.half(), k, v, tables, lens)
+        paged_decode_triton(*on_device(q.half(), k, v, tables, lens))
     with pytest.raises(ValueError, match="query_start_loc"):
         paged_prefill_torch(q, k, v, tables, lens, torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="queries <= context length"):
@@ -234,16 +247,17 @@ def test_heavy_tailed_decode_batch_matches_float64():
 def test_triton_accepts_block_tables_and_lengths_of_any_strides():
     q, k, v, tables, lens = problem(11, 3, 4, 2, 32, 8, 5)
     ref = reference_paged_attention(q, k, v, tables, lens)
+    q, k, v, tables, lens = on_device(q, k, v, tables, lens)
     column_major = tables.t().contiguous().t()  # transposed, then viewed back
     assert column_major.stride() == (1, 3)
-    wide = torch.full((3, 10), -1, dtype=torch.int32)
+    wide = torch.full((3, 10), -1, dtype=torch.int32, device=DEVICE)
     wide[:, ::2] = tables  # every other column: a stride of 2 along the table
     every_other = wide[:, ::2]
     strided_lens = torch.stack([lens, lens * 0], 1)[:, 0]
     for t in (column_major, every_other):
         for bpp in (None, 2):
             out = paged_decode_triton(q, k, v, t, strided_lens, blocks_per_part=bpp)
-            assert (out.double() - ref).abs().max() < 2e-5
+            assert (out.double().cpu() - ref).abs().max() < 2e-5
 
 
 def test_triton_specialisations_stay_bounded_as_tables_grow(monkeypatch):
@@ -274,7 +288,92 @@ def test_triton_specialisations_stay_bounded_as_tables_grow(monkeypatch):
         # at most two blocks, which keeps the interpreter quick
         lens = torch.tensor([min(width * bs, 13), 1 + width % 5])
         q = torch.randn(2, 2, 16, generator=gen)
-        out = paged_decode_triton(q, k, v, tables, lens)
         ref = reference_paged_attention(q, k, v, tables, lens)
-        assert (out.double() - ref).abs().max() < 2e-5
+        out = paged_decode_triton(*on_device(q, k, v, tables, lens))
+        assert (out.double().cpu() - ref).abs().max() < 2e-5
     assert len(keys) <= 3, f"{len(keys)} specialisations for {len(widths)} widths"
+
+
+def prefill_problem(seed, new, cached, heads, kv_heads, head_dim, bs, dtype):
+    """Packed queries for sequences with ``new[i]`` new tokens after ``cached[i]``
+    cached ones; tables padded with -1 past each sequence's last block."""
+    g = torch.Generator().manual_seed(seed)
+    ctx = torch.tensor([n + c for n, c in zip(new, cached)])
+    need = [-(-int(n) // bs) for n in ctx]
+    width = max(need, default=0) + 1
+    num_blocks = sum(need) + 3
+    shape = (num_blocks, bs, kv_heads, head_dim)
+    k = torch.randn(shape, generator=g).to(dtype)
+    v = torch.randn(shape, generator=g).to(dtype)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    tables = torch.full((len(new), width), -1, dtype=torch.int32)
+    for i, n in enumerate(need):
+        tables[i, :n] = torch.tensor(order[:n], dtype=torch.int32)
+        order = order[n:]
+    starts = torch.tensor([0, *new]).cumsum(0)
+    q = torch.randn(int(starts[-1]), heads, head_dim, generator=g).to(dtype)
+    return q, k, v, tables, ctx, starts
+
+
+# new tokens, cached tokens, heads, kv_heads, head_dim, block size
+PREFILL_SHAPES = [
+    ([1, 7, 19], [0, 5, 30], 4, 2, 40, 16),  # the chapter's check
+    ([3, 0, 12], [4, 9, 0], 4, 4, 64, 8),  # a sequence with no new tokens, MHA
+    ([0, 0], [3, 8], 8, 2, 40, 8),  # no queries at all
+    ([33, 2], [0, 40], 8, 2, 64, 32),  # GQA 4, rows across blocks of 32
+    ([5, 1, 9, 2], [11, 0, 23, 70], 2, 1, 40, 32),  # GQA 2, mixed decode rows
+]
+
+
+@pytest.mark.parametrize("shape", PREFILL_SHAPES)
+def test_triton_prefill_matches_float64(poisoned, shape):
+    q, k, v, tables, ctx, starts = prefill_problem(3, *shape, torch.float32)
+    ref = reference_paged_attention(q, k, v, tables, ctx, starts)
+    out = paged_prefill_triton(*on_device(q, k, v, tables, ctx, starts))
+    assert out.shape == q.shape and out.dtype == q.dtype and out.isfinite().all()
+    scale = max([1.0, *ref.abs().flatten().tolist()])
+    torch.testing.assert_close(out.double().cpu(), ref, atol=2e-5 * scale, rtol=0)
+
+
+def test_prefill_rows_are_decode_problems_with_causal_lengths():
+    tables = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    ctx, starts = torch.tensor([4, 9, 6]), torch.tensor([0, 2, 2, 5])
+    row_tables, row_lens = prefill_as_decode(tables, ctx, starts, 5)
+    # sequence 0: 2 new of 4 tokens; sequence 1: none; sequence 2: 3 new of 6
+    assert row_lens.tolist() == [3, 4, 4, 5, 6]
+    assert row_tables.tolist() == [tables[i].tolist() for i in (0, 0, 2, 2, 2)]
+
+
+def test_triton_prefill_of_an_empty_batch_and_its_checks():
+    k, v, q, empty, lens, starts, bad = on_device(
+        torch.zeros(4, 8, 2, 16),
+        torch.zeros(4, 8, 2, 16),
+        torch.zeros(0, 4, 16),
+        torch.zeros(0, 3, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.long),
+        torch.tensor([0]),
+        torch.tensor([0, 1]),
+    )
+    assert paged_prefill_triton(q, k, v, empty, lens, starts).shape == (0, 4, 16)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        paged_prefill_triton(q, k, v, empty, lens, bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("shape", PREFILL_SHAPES)
+def test_triton_prefill_on_cuda_matches_float64(shape, dtype):
+    """Compiled for the GPU; the tolerance is the storage type's, relative to the
+    largest output, as for decode (fp32 math, the result rounded to ``dtype``)."""
+    if dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("bf16 needs sm_80 or newer")
+    q, k, v, tables, ctx, starts = prefill_problem(5, *shape, dtype)
+    ref = reference_paged_attention(q, k, v, tables, ctx, starts)
+    args = [t.cuda() for t in (q, k, v, tables, ctx, starts)]
+    out = paged_prefill_triton(*args)
+    assert out.dtype == dtype and out.isfinite().all()
+    scale = max([1.0, *ref.abs().flatten().tolist()])
+    atol = TOLERANCE[dtype] * scale
+    torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=0)
+    # the dispatcher takes the same path on CUDA
+    assert torch.equal(paged_prefill(*args), out)
