@@ -448,7 +448,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
         return torch.float32
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
-
 class LLM(LLMEngine):
     """Serve a causal LM with a paged KV cache and continuous batching.
 
@@ -468,7 +467,8 @@ class LLM(LLMEngine):
     model's positions, or what the pool holds if that is less.
     ``enable_prefix_caching`` keeps freed blocks as a cache that later requests
     with the same prefix reuse (chapter 08). When memory runs out a running
-    request is preempted (``victim``: ``"newest"`` or ``"longest-output"``) and
+    request is preempted (``victim``: ``"newest"``, ``"longest-output"`` or
+    ``"shortest-output"``) and
     later recomputes its K/V, or with ``preemption_mode="swap"`` its blocks go
     to ``swap_space`` bytes of CPU memory and come back (chapter 09).
     ``watermark`` is the share of blocks kept free when admitting a request.
