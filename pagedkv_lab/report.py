@@ -268,9 +268,9 @@ def rate_section(
     device: torch.device,
     model: str | None = None,
     num_requests: int | None = None,
-    max_model_len: int = 256,
-    budget_requests: int = 4,
-    loads=(0.25, 0.5, 0.75, 1.0, 1.5),
+    max_model_len: int | None = None,
+    budget_requests: int = 2,
+    loads=(0.5, 1.0, 2.0, 3.0),
     seed: int = 0,
     progress: Callable | None = None,
 ) -> dict:
@@ -285,7 +285,8 @@ def rate_section(
 
     name = model or by_device("tiny-llama", "small-llama", device)
     pair = load_model(name, device=device)
-    n = num_requests or by_device(24, 400, device)
+    n = num_requests or by_device(48, 400, device)
+    max_model_len = max_model_len or by_device(128, 512, device)
     requests = scaled_chat_trace(n, max_model_len, seed=seed)
     prompts = _prompt_ids(requests, seed)
     params = [
@@ -624,7 +625,7 @@ def run_all(
         elif name == "rate":
             results["rate"] = rate_section(
                 device,
-                loads=(0.5, 1.0) if quick else (0.25, 0.5, 0.75, 1.0, 1.5),
+                loads=(1.0, 3.0) if quick else (0.5, 1.0, 2.0, 3.0),
                 progress=lambda s: bar.set_postfix_str(f"rate {s}"),
                 **small,
             )
