@@ -547,10 +547,11 @@ class _HFContinuousRunner:
         def update_and_measure():
             # after each step, as for the other engines: blocks held by unfinished requests
             update()
+            # a block shared by several requests (prefix sharing) counts once
             held = sum(
-                len(blocks) * allocator.bytes_per_block
+                len({b for blocks in allocator.block_table.values() for b in blocks})
+                * allocator.bytes_per_block
                 for allocator in cache.cache_allocators.values()
-                for blocks in allocator.block_table.values()
             )
             self.peak = max(self.peak, held)
 
