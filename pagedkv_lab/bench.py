@@ -973,11 +973,16 @@ def print_serve_table(rows: list[dict], title: str | None = None) -> None:
         f"{'system':14} {'tok/s':>7} {'ratio':>6} {'req/s':>6} {'TTFT50':>7} "
         f"{'TTFT90':>7} {'TPOT50':>7} {'TPOT90':>7} {'peak KV MiB':>11}"
     )
+    def cell(value: float, width: int, digits: int) -> str:
+        # static generate has no per-request timings: n/a, not nan
+        return f"{'n/a':>{width}}" if math.isnan(value) else f"{value:{width}.{digits}f}"
+
     for r in rows:
         print(
             f"{r['system']:14} {r['output_tok_per_s']:7.1f} {r['ratio']:6.2f} "
-            f"{r['req_per_s']:6.2f} {r['ttft_p50']:7.2f} {r['ttft_p90']:7.2f} "
-            f"{r['tpot_p50']:7.3f} {r['tpot_p90']:7.3f} {r['peak_kv_MiB']:11.1f}"
+            f"{r['req_per_s']:6.2f} {cell(r['ttft_p50'], 7, 2)} "
+            f"{cell(r['ttft_p90'], 7, 2)} {cell(r['tpot_p50'], 7, 3)} "
+            f"{cell(r['tpot_p90'], 7, 3)} {r['peak_kv_MiB']:11.1f}"
         )
     print(textwrap.fill(PEAK_KV + ".", 88, break_on_hyphens=False))
     for r in rows:

@@ -120,13 +120,15 @@ def plot_roofline(kernel: dict, path: str | None = None):
         ax.set_title(f"batch {b}", fontsize=9)
         ax.set_xlabel("context (tokens)")
     axes[0].set_ylabel("K/V read (GB/s)")
-    axes[0].legend(
+    fig.legend(
+        axes[0].get_lines()[:3],
         [f"paged ({rows[0]['path']})", "contiguous SDPA", "copy bandwidth"],
-        fontsize=7,
-        loc="lower right",
+        fontsize=8,
+        loc="lower center",
+        ncol=3,
     )
     fig.suptitle(f"Decode attention against the memory roofline ({rows[0]['dtype']})")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     if path:
         fig.savefig(path, dpi=120)
         plt.close(fig)
