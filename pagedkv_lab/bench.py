@@ -390,17 +390,19 @@ class _OursRunner:
     def __init__(self, setup: ServeSetup, reserve: bool):
         from .kvmath import KVSpec
         from .llm import LLM
+        from .models import load_model
 
         self.name = "contiguous" if reserve else "pagedkv"
         self.block_size = setup.block_size
+        # loaded as the transformers runners load it: same weights, same dtype
+        pair = load_model(setup.model_name, device=setup.device)
         self.llm = LLM(
-            setup.model_name,
+            pair,
             block_size=setup.block_size,
             kv_cache_memory=setup.budget_bytes,
             max_model_len=setup.max_model_len,
             max_num_seqs=setup.max_num_seqs,
             max_num_batched_tokens=setup.max_num_batched_tokens,
-            device=setup.device,
             reserve_max_len=reserve,
             enable_prefix_caching=setup.prefix_caching,
         )
@@ -792,6 +794,7 @@ def _summarise(
         "tpot_p90": med(_pct(r["tpot"], 0.9) for r in runs),
         "peak_kv_MiB": max(r["peak_kv_bytes"] for r in runs) / 2**20,
         "budget_kv_MiB": setup.budget_bytes / 2**20,
+        "kv_bytes_per_element": setup.spec.dtype_bytes,
         "output_tokens": sum(map(len, runs[0]["tokens"])),
         "same_across_repeats": all(r["tokens"] == runs[0]["tokens"] for r in runs),
     }
@@ -973,9 +976,12 @@ def print_serve_table(rows: list[dict], title: str | None = None) -> None:
         f"{'system':14} {'tok/s':>7} {'ratio':>6} {'req/s':>6} {'TTFT50':>7} "
         f"{'TTFT90':>7} {'TPOT50':>7} {'TPOT90':>7} {'peak KV MiB':>11}"
     )
+
     def cell(value: float, width: int, digits: int) -> str:
         # static generate has no per-request timings: n/a, not nan
-        return f"{'n/a':>{width}}" if math.isnan(value) else f"{value:{width}.{digits}f}"
+        return (
+            f"{'n/a':>{width}}" if math.isnan(value) else f"{value:{width}.{digits}f}"
+        )
 
     for r in rows:
         print(

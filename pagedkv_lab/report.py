@@ -503,11 +503,19 @@ def write_report(results: dict, out: Path) -> str:
             r0 = w["rows"][0]
             lines += [
                 f"### {name}: {w['requests']} requests, {r0['model']}, KV budget "
-                f"{r0['budget_kv_MiB']:.1f} MiB, {r0['repeats']} alternating rounds",
+                f"{r0['budget_kv_MiB']:.1f} MiB, {r0['repeats']} alternating rounds, "
+                f"{r0.get('kv_bytes_per_element', 4)}-byte K/V elements",
                 "",
                 _md_table(w["rows"], SERVE_COLUMNS),
                 "",
             ]
+            lines += [
+                f"- {r['system']}: "
+                + ", ".join(f"{k} {v}" for k, v in r["versions"].items())
+                for r in w["rows"]
+                if "versions" in r
+            ]
+            lines += [""]
     if "sampling" in results:
         s = results["sampling"]
         lines += [
