@@ -15,6 +15,52 @@ from matplotlib.patches import Patch
 from .plotting import COLORS, LABELS
 
 
+@lru_cache(maxsize=1)
+def _viewer_class():
+    import ipywidgets as w
+
+    class Viewer(w.VBox):
+        """A viewer's box whose plain-text form is one short line: what a page or
+        a frontend without widgets shows in its place, instead of the widget tree."""
+
+        name = "viewer"
+
+        def __repr__(self) -> str:
+            return (
+                f"{self.name}: interactive, needs a live kernel; see its static figure"
+            )
+
+    return Viewer
+
+
+def show_viewer(children: list, name: str) -> None:
+    """Display a viewer's controls and output area, stacked."""
+    from IPython.display import display
+
+    box = _viewer_class()(children)
+    box.name = name
+    display(box)
+
+
+def step_viewer(frames: list, label: str, draw, figsize: tuple, name: str) -> None:
+    """A slider over precomputed ``frames``; ``draw(ax, frame)`` draws one."""
+    import ipywidgets as w
+
+    index = w.IntSlider(0, min=0, max=len(frames) - 1, description=label)
+    out = w.Output()
+
+    def redraw(*_):
+        with out:
+            out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=figsize)
+            draw(ax, frames[index.value])
+            plt.show()
+
+    index.observe(redraw, names="value")
+    redraw()
+    show_viewer([index, out], name)
+
+
 def draw_pool_rows(
     ax,
     segments,
@@ -115,7 +161,6 @@ def contiguous_pool_viewer():
     (requests per step), reservation policy, and the time step to show.
     """
     import ipywidgets as w
-    from IPython.display import display
 
     rows = w.IntSlider(8, min=2, max=24, description="pool rows")
     max_len = w.IntSlider(2048, min=512, max=4096, step=512, description="max len")
@@ -154,7 +199,10 @@ def contiguous_pool_viewer():
     for control in (rows, max_len, rate, policy, frame):
         control.observe(redraw, names="value")
     redraw()
-    display(w.VBox([w.HBox([rows, max_len]), w.HBox([rate, policy]), frame, out]))
+    show_viewer(
+        [w.HBox([rows, max_len]), w.HBox([rate, policy]), frame, out],
+        "contiguous pool viewer",
+    )
 
 
 @lru_cache(maxsize=32)
@@ -426,7 +474,6 @@ def draw_slot_mapping(
 def paged_pool_viewer():
     """An ipywidgets viewer of a paged KV pool serving W1, with one block table."""
     import ipywidgets as w
-    from IPython.display import display
 
     blocks = w.IntSlider(256, min=64, max=512, step=64, description="blocks")
     block_size = w.Dropdown(options=[8, 16, 32, 64], value=16, description="block size")
@@ -469,7 +516,7 @@ def paged_pool_viewer():
     for control in (blocks, block_size, rate, frame):
         control.observe(redraw, names="value")
     redraw()
-    display(w.VBox([w.HBox([blocks, block_size, rate]), frame, out]))
+    show_viewer([w.HBox([blocks, block_size, rate]), frame, out], "paged pool viewer")
 
 
 # Chapter 07: one prompt forking into beams ----------------------------------------
@@ -585,7 +632,6 @@ def beam_legend_handles() -> list:
 def beam_search_viewer():
     """An ipywidgets viewer of `trace_beam_search`: step through the beams."""
     import ipywidgets as w
-    from IPython.display import display
 
     width = w.IntSlider(4, min=2, max=8, description="beams")
     block_size = w.Dropdown(options=[2, 4, 8], value=4, description="block size")
@@ -618,7 +664,7 @@ def beam_search_viewer():
     for control in (width, block_size, step):
         control.observe(redraw, names="value")
     redraw()
-    display(w.VBox([w.HBox([width, block_size]), step, out]))
+    show_viewer([w.HBox([width, block_size]), step, out], "beam search viewer")
 
 
 # Chapter 08: what the prefix cache holds -----------------------------------------
@@ -705,36 +751,24 @@ def cache_legend_handles() -> list:
 
 def prefix_cache_viewer(requests, capacity_blocks: int, block_size: int = 16):
     """An ipywidgets viewer of `trace_prefix_cache`: request by request."""
-    import ipywidgets as w
-    from IPython.display import display
+
+    def draw(ax, f):
+        draw_cache_frame(ax, f)
+        ax.set_title(
+            f"request {f['request']}: {f['hit']} of {f['prompt']} prompt tokens hit; "
+            f"{f['evictions']} evictions so far",
+            fontsize=10,
+        )
+        ax.legend(
+            handles=cache_legend_handles(),
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0),
+            ncol=4,
+            fontsize=8,
+        )
 
     frames = trace_prefix_cache(requests, capacity_blocks, block_size)
-    index = w.IntSlider(0, min=0, max=len(frames) - 1, description="request")
-    out = w.Output()
-
-    def redraw(*_):
-        f = frames[index.value]
-        with out:
-            out.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(7, 3))
-            draw_cache_frame(ax, f)
-            ax.set_title(
-                f"request {f['request']}: {f['hit']} of {f['prompt']} prompt tokens hit; "
-                f"{f['evictions']} evictions so far",
-                fontsize=10,
-            )
-            ax.legend(
-                handles=cache_legend_handles(),
-                loc="upper center",
-                bbox_to_anchor=(0.5, 0),
-                ncol=4,
-                fontsize=8,
-            )
-            plt.show()
-
-    index.observe(redraw, names="value")
-    redraw()
-    display(w.VBox([index, out]))
+    step_viewer(frames, "request", draw, (7, 3), "prefix cache viewer")
 
 
 # Chapter 09: a preemption storm ------------------------------------------------
@@ -826,26 +860,15 @@ def draw_pools(ax, frame: dict, columns: int = 12) -> None:
 
 def preemption_viewer(mode: str = "swap"):
     """An ipywidgets viewer of `trace_preemption`: pools and queues, step by step."""
-    import ipywidgets as w
-    from IPython.display import display
 
-    frames = trace_preemption(mode=mode)
-    index = w.IntSlider(0, min=0, max=len(frames) - 1, description="step")
-    out = w.Output()
+    def draw(ax, f):
+        draw_pools(ax, f)
+        ax.set_title(
+            f"step {f['step']}: running {f['running']}, waiting {f['waiting']}, "
+            f"swapped {f['swapped']}",
+            fontsize=9,
+        )
 
-    def redraw(*_):
-        f = frames[index.value]
-        with out:
-            out.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(8, 2.6))
-            draw_pools(ax, f)
-            ax.set_title(
-                f"step {f['step']}: running {f['running']}, waiting {f['waiting']}, "
-                f"swapped {f['swapped']}",
-                fontsize=9,
-            )
-            plt.show()
-
-    index.observe(redraw, names="value")
-    redraw()
-    display(w.VBox([index, out]))
+    step_viewer(
+        trace_preemption(mode=mode), "step", draw, (8, 2.6), "preemption viewer"
+    )
