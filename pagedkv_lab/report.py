@@ -266,6 +266,32 @@ def serve_online(
     return [done[i] for i in range(len(prompts))]
 
 
+def _engine_workload(
+    model: str | None,
+    device: torch.device,
+    num_requests: int,
+    max_model_len: int,
+    budget_requests: int,
+    seed: int,
+):
+    """What `rate_section` and `blocks_section` serve: the loaded model, a W1
+    trace as greedy token-id requests (EOS ignored), and the KV budget in bytes
+    for ``budget_requests`` full-length requests."""
+    from .kvmath import KVSpec
+    from .models import load_model
+
+    name = model or by_device("tiny-llama", "small-llama", device)
+    pair = load_model(name, device=device)
+    requests = scaled_chat_trace(num_requests, max_model_len, seed=seed)
+    params = [
+        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+        for r in requests
+    ]
+    spec = KVSpec.from_config(pair[0].config, pair[0].dtype)
+    budget = spec.bytes_for(budget_requests * max_model_len)
+    return name, pair, _prompt_ids(requests, seed), params, budget
+
+
 def rate_section(
     device: torch.device,
     model: str | None = None,
@@ -281,22 +307,13 @@ def rate_section(
     max-length reservation (chapter 02's scheme, what Orca (Max) does), one KV
     budget. Rates are multiples (``loads``) of the paged engine's offline
     throughput in requests per second, measured first."""
-    from .kvmath import KVSpec
     from .llm import LLM
-    from .models import load_model
 
-    name = model or by_device("tiny-llama", "small-llama", device)
-    pair = load_model(name, device=device)
     n = num_requests or by_device(48, 400, device)
     max_model_len = max_model_len or by_device(128, 512, device)
-    requests = scaled_chat_trace(n, max_model_len, seed=seed)
-    prompts = _prompt_ids(requests, seed)
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
-        for r in requests
-    ]
-    spec = KVSpec.from_config(pair[0].config, pair[0].dtype)
-    budget = spec.bytes_for(budget_requests * max_model_len)
+    name, pair, prompts, params, budget = _engine_workload(
+        model, device, n, max_model_len, budget_requests, seed
+    )
 
     def engine(reserve: bool):
         return LLM(
@@ -380,23 +397,14 @@ def blocks_section(
     alternation (throughput relative to block 16, same tokens); memory waste
     from chapter 03's simulator on a full-size W1 trace; kernel time by block
     size from ``kernel`` (`kernel_section`) when given."""
-    from .kvmath import KVSpec
     from .llm import LLM
-    from .models import load_model
     from .paging import PagedPool
     from .workloads import chat_workload, simulate
 
-    name = model or by_device("tiny-llama", "small-llama", device)
-    pair = load_model(name, device=device)
     n = num_requests or by_device(16, 256, device)
-    requests = scaled_chat_trace(n, max_model_len, seed=4)
-    prompts = _prompt_ids(requests, 4)
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
-        for r in requests
-    ]
-    spec = KVSpec.from_config(pair[0].config, pair[0].dtype)
-    budget = spec.bytes_for(budget_requests * max_model_len)
+    name, pair, prompts, params, budget = _engine_workload(
+        model, device, n, max_model_len, budget_requests, seed=4
+    )
     engines = {
         bs: LLM(
             pair, block_size=bs, kv_cache_memory=budget, max_model_len=max_model_len
