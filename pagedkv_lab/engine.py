@@ -272,46 +272,31 @@ class StepInputs:
     kv_cache: PagedKVCache | None = None
     workspace: dict = field(default_factory=dict)
 
-def paged_attention_forward(
-    module,
-    query,
-    key,
-    value,
-    attention_mask,
-    scaling=None,
-    dropout=0.0,
-    paged_step=None,
-    **kwargs,
-):
-    """The attention function transformers calls in every layer (``"pagedkv"``).
+def write_and_attend(
+    step: StepInputs,
+    layer_idx: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    """One layer's paged attention over a packed step.
 
-    ``query`` is ``[1, heads, num_tokens, head_dim]`` and ``key``/``value``
-    ``[1, kv_heads, num_tokens, head_dim]`` for the packed row, RoPE already
-    applied. We write the new K/V through the slot mapping, then attend through
-    the block tables. Returns ``[1, num_tokens, heads, head_dim]``.
+    ``q`` is ``[num_tokens, heads, head_dim]`` and ``k``/``v``
+    ``[num_tokens, kv_heads, head_dim]``, RoPE already applied. We write the new
+    K/V through the slot mapping, then attend through the block tables. Returns
+    ``[num_tokens, heads, head_dim]``.
     """
-    if paged_step is None:
-        raise RuntimeError(
-            "pagedkv attention runs only inside ModelRunner (it needs `paged_step`)"
-        )
-    step: StepInputs = paged_step
-    k_cache, v_cache = step.kv_cache.layer(module.layer_idx)
+    k_cache, v_cache = step.kv_cache.layer(layer_idx)
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, kv_heads, head_dim).index_copy_(
-        0, step.slot_mapping, key[0].transpose(0, 1)
-    )
-    v_cache.view(-1, kv_heads, head_dim).index_copy_(
-        0, step.slot_mapping, value[0].transpose(0, 1)
-    )
-    # [num_tokens, heads, head_dim]
-    q = query[0].transpose(0, 1)
-    decode = dict(scale=scaling, workspace=step.workspace, check=False)
+    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, k)
+    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, v)
+    decode = dict(scale=scale, workspace=step.workspace, check=False)
     if not len(step.prefill_seqs):
         # Pure decode: one query per sequence, in sequence order.
-        out = paged_decode(
+        return paged_decode(
             q, k_cache, v_cache, step.block_tables, step.context_lens, **decode
         )
-        return out[None], None
     out = torch.empty_like(q)
     if len(step.decode_seqs):
         rows = step.query_start_loc[step.decode_seqs]
@@ -327,9 +312,35 @@ def paged_attention_forward(
         step.block_tables[seqs],
         step.context_lens[seqs],
         step.prefill_query_start_loc,
-        scaling,
+        scale,
         check=False,
     )
+    return out
+
+def paged_attention_forward(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    paged_step=None,
+    **kwargs,
+):
+    """The attention function transformers calls in every layer (``"pagedkv"``).
+
+    ``query`` is ``[1, heads, num_tokens, head_dim]`` and ``key``/``value``
+    ``[1, kv_heads, num_tokens, head_dim]`` for the packed row, RoPE already
+    applied; `write_and_attend` does the work on ``[num_tokens, heads,
+    head_dim]`` views. Returns ``[1, num_tokens, heads, head_dim]``.
+    """
+    if paged_step is None:
+        raise RuntimeError(
+            "pagedkv attention runs only inside ModelRunner (it needs `paged_step`)"
+        )
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
+    out = write_and_attend(paged_step, module.layer_idx, q, k, v, scaling)
     return out[None], None
 
 
@@ -486,6 +497,11 @@ class ModelRunner:
             written = set((step.slot_mapping // self.block_size).tolist())
             shared = [b for b in written if ref_counts[b] != 1]
             assert not shared, f"writing into shared or free blocks {shared}"
+        return self.forward(step).float()
+
+    def forward(self, step: StepInputs) -> torch.Tensor:
+        """Logits ``[num_seqs, vocab]`` of one step: the model's own forward
+        pass, with our attention plugged in."""
         with paged_attention(self.model):
             out = self.model(
                 input_ids=step.input_ids[None],
@@ -495,7 +511,7 @@ class ModelRunner:
                 logits_to_keep=step.logits_index,
                 paged_step=step,
             )
-        return out.logits[0].float()
+        return out.logits[0]
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     """Next token per sequence.

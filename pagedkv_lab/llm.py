@@ -21,6 +21,7 @@ from .engine import (
     Sequence,
     _check_int,
 )
+from .fused import FusedModelRunner, fused_unsupported_reason
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
 
 
@@ -457,6 +458,11 @@ class LLM(LLMEngine):
     where it is, and left as it was: the paged attention is switched on only
     inside the engine's own forward passes.
 
+    ``fused_forward`` picks who runs the decoder layers: the engine's
+    `FusedModelRunner` (fused, prepacked projections; True), the model's own
+    forward with our attention plugged in (False), or the first wherever the
+    model's layout allows it (None, the default).
+
     ``kv_cache_memory`` is the KV budget in bytes (int) or, on a GPU, the
     fraction of the GPU's memory the engine may use (float, like vLLM's
     ``gpu_memory_utilization``): the pool gets what is left of it after the
@@ -495,11 +501,16 @@ class LLM(LLMEngine):
         swap_space: int = 0,
         victim: str = "newest",
         block_manager: BlockManager | None = None,
+        fused_forward: bool | None = None,
     ):
         _check_int("block_size", block_size, 1)
         _check_int("max_num_seqs", max_num_seqs, 1)
         _check_int("max_model_len", max_model_len, 1, none_ok=True)
         _check_int("max_num_batched_tokens", max_num_batched_tokens, 1, none_ok=True)
+        if not (fused_forward is None or isinstance(fused_forward, bool)):
+            raise ValueError(
+                f"fused_forward must be None, True or False, got {fused_forward!r}"
+            )
         self.model, self.tokenizer = self._load(model, device, dtype, seed)
         device = next(self.model.parameters()).device
         config = self.model.config
@@ -520,7 +531,11 @@ class LLM(LLMEngine):
                 "lower max_model_len"
             )
         self.max_model_len = max_model_len
-        self.runner = ModelRunner(self.model, num_blocks, block_size, max_model_len)
+        reason = fused_unsupported_reason(self.model)
+        if fused_forward and reason:
+            raise ValueError(f"fused_forward=True, but {reason}")
+        runner = ModelRunner if fused_forward is False or reason else FusedModelRunner
+        self.runner = runner(self.model, num_blocks, block_size, max_model_len)
         if block_manager is not None:
             if (block_manager.num_blocks, block_manager.block_size) != (
                 num_blocks,

@@ -16,6 +16,7 @@ from pagedkv_lab.attention import (
     reference_paged_attention,
 )
 from pagedkv_lab.engine import ModelRunner, SamplingParams, Sequence
+from pagedkv_lab.fused import FusedModelRunner
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import OFFLINE_MODELS, load_model
 from pagedkv_lab.paging import BlockAllocator, BlockTable
@@ -173,9 +174,10 @@ def test_engine_on_cuda_fp32_equals_generate(name):
             assert out.token_ids == want, f"{name}, prompt of {len(p)} tokens"
 
 
+@pytest.mark.parametrize("runner_cls", [ModelRunner, FusedModelRunner])
 @pytest.mark.parametrize("dtype", [d for d in dtypes() if d != torch.float32])
 @pytest.mark.parametrize("name", sorted(OFFLINE_MODELS))
-def test_engine_logits_in_half_precision_track_the_models_own(name, dtype):
+def test_engine_logits_in_half_precision_track_the_models_own(name, dtype, runner_cls):
     """In fp16/bf16, greedy tokens are not a robust check: random-weight models
     have near-ties that rounding flips, so one flip and every later token
     differs. We compare logits instead, teacher-forced (the same tokens fed to
@@ -188,7 +190,7 @@ def test_engine_logits_in_half_precision_track_the_models_own(name, dtype):
     fp32, _ = load_model(name, device="cuda")
     lengths, steps = [5, 16, 37], 6
     batch = prompts([n + steps for n in lengths], seed=4)
-    runner = ModelRunner(model, num_blocks=64, block_size=16)
+    runner = runner_cls(model, num_blocks=64, block_size=16)
     allocator = BlockAllocator(64, 16)
     seqs = [Sequence(p, GREEDY, BlockTable(allocator)) for p in batch]
     engine = []  # [step][seq] logits

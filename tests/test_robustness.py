@@ -28,25 +28,22 @@ BYTES_PER_TOKEN = 512  # tiny-llama, fp32
 POISON = 0
 
 
-class FaultyModel:
-    """Wraps the model the engine runs: raises once on demand, or whenever the
+class FaultyForward:
+    """Wraps the runner's forward pass: raises once on demand, or whenever the
     batch holds a poisoned prompt's first token (a request that breaks the
     forward)."""
 
-    def __init__(self, model):
-        self.model, self.fail_next = model, False
+    def __init__(self, forward):
+        self.forward, self.fail_next = forward, False
 
-    def __call__(self, **kwargs):
+    def __call__(self, step):
         if self.fail_next:
             self.fail_next = False
             raise RuntimeError("injected one-off fault")
-        first = kwargs["input_ids"][kwargs["position_ids"] == 0]
+        first = step.input_ids[step.positions == 0]
         if (first == POISON).any():
             raise RuntimeError("injected fault: poisoned token")
-        return self.model(**kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
+        return self.forward(step)
 
 
 def _llm(num_blocks=64, block_size=4, **kwargs) -> LLM:
@@ -56,7 +53,7 @@ def _llm(num_blocks=64, block_size=4, **kwargs) -> LLM:
         kv_cache_memory=num_blocks * block_size * BYTES_PER_TOKEN,
         **kwargs,
     )
-    llm.runner.model = FaultyModel(llm.runner.model)
+    llm.runner.forward = FaultyForward(llm.runner.forward)
     return llm
 
 
@@ -178,21 +175,18 @@ def test_an_interrupted_generate_leaves_no_orphan():
     llm = _llm()
     other = llm.add_request([1, 8], _greedy(30))
     calls = {"n": 0}
-    inner = llm.runner.model
+    inner = llm.runner.forward
 
-    def interrupt_third_step(**kwargs):
+    def interrupt_third_step(step):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return inner(**kwargs)
+        return inner(step)
 
-    llm.runner.model = type(
-        "Interrupting", (), {"__call__": lambda self, **k: interrupt_third_step(**k)}
-    )()
-    llm.runner.model.config = MODEL.config
+    llm.runner.forward = interrupt_third_step
     with pytest.raises(KeyboardInterrupt):
         llm.generate([[1, 5], [1, 6]], _greedy(10), use_tqdm=False)
-    llm.runner.model = inner
+    llm.runner.forward = inner
     # The interrupted call's requests are gone, their blocks free; the other
     # request goes on and the next call works.
     assert [g.request_id for g in llm.scheduler.running] == [other]
@@ -239,7 +233,7 @@ def test_a_one_off_forward_fault_fails_nobody():
     llm = _llm()
     rids = [llm.add_request([1, 5 + i], _greedy(6)) for i in range(3)]
     llm.step()
-    llm.runner.model.fail_next = True
+    llm.runner.forward.fail_next = True
     outs = {o.request_id: o for o in _drain(llm)}
     for i, rid in enumerate(rids):
         assert outs[rid].token_ids == _solo((1, 5 + i), 6)
@@ -365,7 +359,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule()
     def one_off_forward_fault(self):
-        self.llm.runner.model.fail_next = True
+        self.llm.runner.forward.fail_next = True
 
     @precondition(lambda self: self.llm.scheduler.waiting)
     @rule(data=st.data())

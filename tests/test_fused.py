@@ -1,0 +1,149 @@
+"""The fused runner: same logits as the hook runner, same tokens as ``generate``,
+the model left as it was, and clear refusals."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from reference import greedy_alone
+from torch import nn
+
+from pagedkv_lab.engine import ModelRunner, SamplingParams, Sequence
+from pagedkv_lab.fused import (
+    FusedLinear,
+    FusedModelRunner,
+    can_pack,
+    fused_unsupported_reason,
+)
+from pagedkv_lab.llm import LLM
+from pagedkv_lab.models import OFFLINE_MODELS, load_model
+from pagedkv_lab.paging import BlockAllocator, BlockTable
+
+BLOCK = 8
+
+
+def _prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        [1] + torch.randint(3, 259, (n - 1,), generator=g).tolist() for n in lengths
+    ]
+
+
+def _step_logits(runner, prompts, split):
+    """Logits of one mixed step: each prompt's first ``split`` tokens were
+    computed by an earlier step, the rest now (so chunks and decodes mix)."""
+    alloc = BlockAllocator(runner.kv_cache.num_blocks, BLOCK)
+    params = SamplingParams(temperature=0, max_tokens=4)
+    seqs = [Sequence(p, params, BlockTable(alloc)) for p in prompts]
+    for s in seqs:
+        s.block_table.append(s.num_tokens)
+    first = [min(split, s.num_tokens - 1) for s in seqs]
+    todo = [(s, n) for s, n in zip(seqs, first) if n]
+    runner.run([s for s, _ in todo], [n for _, n in todo])
+    for s, n in zip(seqs, first):
+        s.num_computed_tokens = n
+    return runner.run(seqs, [s.num_tokens - n for s, n in zip(seqs, first)])
+
+
+@pytest.mark.parametrize("name", sorted(OFFLINE_MODELS))
+@pytest.mark.parametrize("pack", [False, True])
+def test_fused_logits_match_the_hook_runner(name, pack):
+    model, _ = load_model(name)
+    prompts = _prompts([1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 5])
+    want = _step_logits(ModelRunner(model, 64, BLOCK), prompts, split=BLOCK)
+    got = _step_logits(FusedModelRunner(model, 64, BLOCK, pack=pack), prompts, BLOCK)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_logits_in_bfloat16_stay_within_rounding():
+    model, _ = load_model("small-llama", dtype=torch.bfloat16)
+    prompts = _prompts([5, 40, 17])
+    want = _step_logits(ModelRunner(model, 64, BLOCK), prompts, split=BLOCK)
+    got = _step_logits(FusedModelRunner(model, 64, BLOCK), prompts, split=BLOCK)
+    # bf16 keeps 8 bits: a few units in the last place of logits of size ~4
+    assert (got - want).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-mistral"])
+def test_engine_with_fused_forward_equals_generate(name):
+    model, _ = load_model(name)
+    lengths = [1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 5, 70]
+    prompts = _prompts(lengths, seed=1)
+    # a small step budget splits the long prompts into chunks beside decodes
+    llm = LLM(
+        model,
+        block_size=BLOCK,
+        kv_cache_memory=2**20,
+        max_num_batched_tokens=32,
+        fused_forward=True,
+    )
+    assert isinstance(llm.runner, FusedModelRunner)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    for p, out in zip(prompts, outs):
+        assert out.token_ids == greedy_alone(model, p, 20)
+
+
+def test_the_model_is_left_as_it_was():
+    model, _ = load_model("tiny-llama")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    attn = model.config._attn_implementation
+    llm = LLM(model, block_size=BLOCK, kv_cache_memory=2**20)
+    assert isinstance(llm.runner, FusedModelRunner)
+    llm.generate([[1, 5, 6]], SamplingParams(temperature=0, max_tokens=5))
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert model.config._attn_implementation == attn
+    assert len(greedy_alone(model, [1, 5, 6], 3)) == 3
+
+
+class _AdaptedLinear(nn.Linear):
+    """Stands for a quantized or LoRA-adapted projection."""
+
+
+def test_an_unusual_layout_is_refused_with_its_reason_or_served_the_old_way():
+    model, _ = load_model("tiny-llama")
+    proj = model.model.layers[1].self_attn.k_proj
+    adapted = _AdaptedLinear(proj.in_features, proj.out_features, bias=False)
+    adapted.weight = proj.weight
+    model.model.layers[1].self_attn.k_proj = adapted
+    reason = fused_unsupported_reason(model)
+    assert reason and "nn.Linear" in reason
+    with pytest.raises(ValueError, match="nn.Linear"):
+        FusedModelRunner(model, 16, BLOCK)
+    with pytest.raises(ValueError, match="fused_forward=True"):
+        LLM(model, block_size=BLOCK, kv_cache_memory=2**20, fused_forward=True)
+    llm = LLM(model, block_size=BLOCK, kv_cache_memory=2**20)
+    assert type(llm.runner) is ModelRunner
+    out = llm.generate([[1, 9, 9, 4]], SamplingParams(temperature=0, max_tokens=6))
+    assert out[0].token_ids == greedy_alone(model, [1, 9, 9, 4], 6)
+
+
+def test_partial_rotary_is_refused():
+    model, _ = load_model("tiny-llama")
+    model.config.partial_rotary_factor = 0.5
+    assert "rotary" in fused_unsupported_reason(model)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, 0.0])
+def test_fused_forward_must_be_a_bool_or_none(bad):
+    with pytest.raises(ValueError, match="fused_forward"):
+        LLM("tiny-llama", kv_cache_memory=2**20, fused_forward=bad)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_fused_linear_is_the_concatenation_of_its_layers(pack):
+    torch.manual_seed(0)
+    layers = [nn.Linear(24, 16, bias=True), nn.Linear(24, 8, bias=False)]
+    layers.append(nn.Linear(24, 5, bias=True))
+    x = torch.randn(7, 24)
+    with torch.no_grad():
+        want = torch.cat([F.linear(x, lay.weight, lay.bias) for lay in layers], -1)
+        got = FusedLinear(layers, pack=pack)(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_packing_is_offered_for_cpu_float_models_only():
+    model, _ = load_model("tiny-llama")
+    assert can_pack(model) == torch.backends.mkldnn.is_available()
+    assert not can_pack(model.to(torch.float16))
