@@ -24,18 +24,20 @@ from .engine import ModelRunner, StepInputs, write_and_attend
 class FusedLinear:
     """``x @ W.T + b`` for one or more linear layers that read the same input.
 
-    On a CPU, the layers' weights are concatenated and reordered once into
-    oneDNN's blocked layout, so each call is one GEMM on a weight laid out for
-    it (vLLM's CPU backend does the same, with ``create_onednn_mm``). That
-    copy costs as much memory again as the weights. Elsewhere the layers' own
-    weights are used, without a copy, one `F.linear` each, and the outputs are
-    concatenated.
+    With ``pack``, on a CPU, the layers' weights are concatenated and reordered
+    once into oneDNN's blocked layout, so a call is one GEMM on a weight laid
+    out for it (vLLM's CPU backend does the same, with ``create_onednn_mm``).
+    That copy costs as much memory again as the weights. Inputs of fewer than
+    ``min_packed_rows`` rows, and every input without ``pack`` (on a GPU), go
+    through the layers' own weights instead, one `F.linear` each, the outputs
+    concatenated: for a single row, torch's default (a matrix-vector product)
+    was the faster on the course's CPU (chapter 05 measures both).
     """
 
-    def __init__(self, layers: list[nn.Linear], pack: bool):
+    def __init__(self, layers: list[nn.Linear], pack: bool, min_packed_rows: int = 4):
         self.layers = layers
         self.out_features = sum(layer.out_features for layer in layers)
-        self.packed = None
+        self.packed, self.min_packed_rows = None, min_packed_rows
         if pack:
             weight = torch.cat([layer.weight.detach() for layer in layers])
             biases = [layer.bias for layer in layers]
@@ -55,7 +57,7 @@ class FusedLinear:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
+        if self.packed is not None and len(x) >= self.min_packed_rows:
             return torch.ops.mkldnn._linear_pointwise(
                 x, self.packed, self.bias, "none", [], ""
             )

@@ -147,3 +147,15 @@ def test_packing_is_offered_for_cpu_float_models_only():
     model, _ = load_model("tiny-llama")
     assert can_pack(model) == torch.backends.mkldnn.is_available()
     assert not can_pack(model.to(torch.float16))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+def test_both_paths_of_a_packed_fused_linear_agree(rows):
+    torch.manual_seed(1)
+    layers = [nn.Linear(32, 12), nn.Linear(32, 20)]
+    x = torch.randn(rows, 32)
+    with torch.no_grad():
+        want = torch.cat([lay(x) for lay in layers], -1)
+        for pack in (False, True):
+            got = FusedLinear(layers, pack=pack, min_packed_rows=4)(x)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
