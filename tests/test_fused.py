@@ -159,3 +159,12 @@ def test_both_paths_of_a_packed_fused_linear_agree(rows):
         for pack in (False, True):
             got = FusedLinear(layers, pack=pack, min_packed_rows=4)(x)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_checking_for_packing_leaves_the_global_random_stream_alone():
+    model, _ = load_model("tiny-llama")
+    torch.manual_seed(5)
+    can_pack(model)
+    after = torch.rand(3)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(3))
