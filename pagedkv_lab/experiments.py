@@ -366,6 +366,16 @@ def hash_cost(
 # Chapter 09: preemption -------------------------------------------------------------
 
 
+def _engine_runner(model, num_blocks: int, block_size: int, max_model_len: int):
+    """The runner `LLM` would use for ``model`` (chapter 05's fused one where the
+    layout allows), so that timings compare like with like."""
+    from .engine import ModelRunner
+    from .fused import FusedModelRunner, fused_unsupported_reason
+
+    cls = ModelRunner if fused_unsupported_reason(model) else FusedModelRunner
+    return cls(model, num_blocks, block_size, max_model_len)
+
+
 def _best_seconds(fn, repeats: int) -> float:
     fn()
     best = float("inf")
@@ -430,7 +440,7 @@ def recompute_and_swap_seconds(
     """For a sequence of each length: seconds to recompute its K/V (one prefill
     forward pass of that many tokens) and to swap it out and back in (both
     batched copies), measured on this device."""
-    from .engine import ModelRunner, SamplingParams, Sequence
+    from .engine import SamplingParams, Sequence
     from .models import load_model
     from .paging import BlockAllocator, BlockTable
     from .preemption import CpuBlockPool
@@ -439,7 +449,7 @@ def recompute_and_swap_seconds(
     loaded = pair[0]
     top = max(lengths)
     blocks = -(-top // block_size)
-    runner = ModelRunner(loaded, blocks, block_size, max_model_len=top + 1)
+    runner = _engine_runner(loaded, blocks, block_size, max_model_len=top + 1)
     pool = CpuBlockPool(runner.kv_cache, blocks)
     rows = []
     for n in lengths:
@@ -523,7 +533,7 @@ def static_vs_continuous(
 
     Returns the iterations (forward passes) and seconds of each, and the tokens
     generated (identical by construction: greedy, same model)."""
-    from .engine import ModelRunner, Sequence, run_to_completion
+    from .engine import Sequence, run_to_completion
     from .kvmath import KVSpec
     from .models import load_model
     from .paging import BlockAllocator, BlockTable
@@ -536,7 +546,7 @@ def static_vs_continuous(
         for r in requests
     ]
     num_blocks = batch_size * -(-max_model_len // block_size)
-    runner = ModelRunner(loaded, num_blocks, block_size, max_model_len)
+    runner = _engine_runner(loaded, num_blocks, block_size, max_model_len)
     static_steps, static_tokens = 0, []
     t0 = time.perf_counter()
     for i in range(0, len(requests), batch_size):
