@@ -212,7 +212,12 @@ class PreemptionScheduler(Scheduler):
             if self.num_running_seqs + group.max_running_seqs > self.max_num_seqs:
                 break
             watermark = self.watermark_blocks if self.running else 0
-            watermark += group.resume_blocks(bm.block_size)
+            held = self.swap_space.tables
+            if any(s.seq_id not in held for s in group.running_seqs):
+                # swapped out before its samples forked: they will need blocks
+                # of their own (a swapped-out sequence has no table, so it
+                # looks unforked, but its blocks come back from swap)
+                watermark += group.resume_blocks(bm.block_size)
             if not self.swap_space.can_swap_in(group, bm, watermark):
                 break
             self.swapped.popleft()
