@@ -369,11 +369,9 @@ def hash_cost(
 def _engine_runner(model, num_blocks: int, block_size: int, max_model_len: int):
     """The runner `LLM` would use for ``model`` (chapter 05's fused one where the
     layout allows), so that timings compare like with like."""
-    from .engine import ModelRunner
-    from .fused import FusedModelRunner, fused_unsupported_reason
+    from .fused import runner_class
 
-    cls = ModelRunner if fused_unsupported_reason(model) else FusedModelRunner
-    return cls(model, num_blocks, block_size, max_model_len)
+    return runner_class(model)(model, num_blocks, block_size, max_model_len)
 
 
 def _best_seconds(fn, repeats: int) -> float:

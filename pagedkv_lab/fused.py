@@ -36,7 +36,6 @@ class FusedLinear:
 
     def __init__(self, layers: list[nn.Linear], pack: bool, min_packed_rows: int = 4):
         self.layers = layers
-        self.out_features = sum(layer.out_features for layer in layers)
         self.packed, self.min_packed_rows = None, min_packed_rows
         if pack:
             weight = torch.cat([layer.weight.detach() for layer in layers])
@@ -212,3 +211,17 @@ class FusedModelRunner(ModelRunner):
             gate, up = layer.gate_up(rms_norm(x, layer.post_norm)).chunk(2, dim=-1)
             x = x + layer.down_proj(layer.act(gate) * up)
         return self.lm_head(rms_norm(x[step.logits_index], self.final_norm))
+
+
+def runner_class(
+    model: PreTrainedModel, fused_forward: bool | None = None
+) -> type[ModelRunner]:
+    """The runner `LLM` uses for ``model``: `FusedModelRunner` where the layout
+    allows (``fused_forward`` None) or when asked (True: ValueError, with the
+    reason, if it cannot), `ModelRunner` otherwise or with False."""
+    if fused_forward is False:
+        return ModelRunner
+    reason = fused_unsupported_reason(model)
+    if fused_forward and reason:
+        raise ValueError(f"fused_forward=True, but {reason}")
+    return ModelRunner if reason else FusedModelRunner

@@ -15,13 +15,12 @@ from transformers import PreTrainedModel
 
 from .block_manager import BlockManager
 from .engine import (
-    ModelRunner,
     PagedKVCache,
     SamplingParams,
     Sequence,
     _check_int,
 )
-from .fused import FusedModelRunner, fused_unsupported_reason
+from .fused import runner_class
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
 
 
@@ -531,10 +530,7 @@ class LLM(LLMEngine):
                 "lower max_model_len"
             )
         self.max_model_len = max_model_len
-        reason = fused_unsupported_reason(self.model)
-        if fused_forward and reason:
-            raise ValueError(f"fused_forward=True, but {reason}")
-        runner = ModelRunner if fused_forward is False or reason else FusedModelRunner
+        runner = runner_class(self.model, fused_forward)
         self.runner = runner(self.model, num_blocks, block_size, max_model_len)
         if block_manager is not None:
             if (block_manager.num_blocks, block_manager.block_size) != (

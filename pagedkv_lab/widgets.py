@@ -16,6 +16,17 @@ from .plotting import COLORS, LABELS
 
 
 @lru_cache(maxsize=1)
+def _legend_below(ax, handles, ncol: int) -> None:
+    """A legend centred under the axes, where it hides no block."""
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0),
+        ncol=ncol,
+        fontsize=8,
+    )
+
+
 def _viewer_class():
     import ipywidgets as w
 
@@ -501,13 +512,7 @@ def paged_pool_viewer():
                 f"{len(owners)}/{blocks.value} blocks in use",
                 fontsize=10,
             )
-            ax.legend(
-                handles=block_legend_handles(highlight=True),
-                loc="upper center",
-                bbox_to_anchor=(0.5, 0),
-                ncol=2,
-                fontsize=8,
-            )
+            _legend_below(ax, block_legend_handles(highlight=True), ncol=2)
             ax_t.axis("off")
             if first is not None:
                 draw_block_table(ax_t, tables[first], owners, block_size.value, first)
@@ -652,13 +657,7 @@ def beam_search_viewer():
                 f"{len(frame['pruned'])} beams pruned, {frame['finished']} finished",
                 fontsize=10,
             )
-            ax.legend(
-                handles=beam_legend_handles(),
-                loc="upper center",
-                bbox_to_anchor=(0.5, 0),
-                ncol=3,
-                fontsize=8,
-            )
+            _legend_below(ax, beam_legend_handles(), ncol=3)
             plt.show()
 
     for control in (width, block_size, step):
@@ -759,13 +758,7 @@ def prefix_cache_viewer(requests, capacity_blocks: int, block_size: int = 16):
             f"{f['evictions']} evictions so far",
             fontsize=10,
         )
-        ax.legend(
-            handles=cache_legend_handles(),
-            loc="upper center",
-            bbox_to_anchor=(0.5, 0),
-            ncol=4,
-            fontsize=8,
-        )
+        _legend_below(ax, cache_legend_handles(), ncol=4)
 
     frames = trace_prefix_cache(requests, capacity_blocks, block_size)
     step_viewer(frames, "request", draw, (7, 3), "prefix cache viewer")
