@@ -15,7 +15,6 @@ from matplotlib.patches import Patch
 from .plotting import COLORS, LABELS
 
 
-@lru_cache(maxsize=1)
 def _legend_below(ax, handles, ncol: int) -> None:
     """A legend centred under the axes, where it hides no block."""
     ax.legend(
@@ -27,6 +26,7 @@ def _legend_below(ax, handles, ncol: int) -> None:
     )
 
 
+@lru_cache(maxsize=1)
 def _viewer_class():
     import ipywidgets as w
 
