@@ -272,32 +272,31 @@ class StepInputs:
     kv_cache: PagedKVCache | None = None
     workspace: dict = field(default_factory=dict)
 
-def write_and_attend(
-    step: StepInputs,
-    layer_idx: int,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float | None,
-) -> torch.Tensor:
-    """One layer's paged attention over a packed step.
-
-    ``q`` is ``[num_tokens, heads, head_dim]`` and ``k``/``v``
-    ``[num_tokens, kv_heads, head_dim]``, RoPE already applied. We write the new
-    K/V through the slot mapping, then attend through the block tables. Returns
-    ``[num_tokens, heads, head_dim]``.
-    """
+def write_kv(
+    step: StepInputs, layer_idx: int, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Write one layer's new K/V (``[num_tokens, kv_heads, head_dim]``, RoPE
+    already applied to k) to their slots in the cache."""
     k_cache, v_cache = step.kv_cache.layer(layer_idx)
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, k)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, v)
+
+
+def attend(
+    step: StepInputs, layer_idx: int, q: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """One layer's paged attention over a packed step, the step's K/V already
+    in the cache: ``q`` is ``[num_tokens, heads, head_dim]`` (any row strides),
+    and so is the result."""
+    k_cache, v_cache = step.kv_cache.layer(layer_idx)
     decode = dict(scale=scale, workspace=step.workspace, check=False)
     if not len(step.prefill_seqs):
         # Pure decode: one query per sequence, in sequence order.
         return paged_decode(
             q, k_cache, v_cache, step.block_tables, step.context_lens, **decode
         )
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape)
     if len(step.decode_seqs):
         rows = step.query_start_loc[step.decode_seqs]
         tables = step.block_tables[step.decode_seqs]
@@ -316,6 +315,25 @@ def write_and_attend(
         check=False,
     )
     return out
+
+
+def write_and_attend(
+    step: StepInputs,
+    layer_idx: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+) -> torch.Tensor:
+    """One layer's paged attention over a packed step.
+
+    ``q`` is ``[num_tokens, heads, head_dim]`` and ``k``/``v``
+    ``[num_tokens, kv_heads, head_dim]``, RoPE already applied. We write the new
+    K/V through the slot mapping (`write_kv`), then attend through the block
+    tables (`attend`). Returns ``[num_tokens, heads, head_dim]``.
+    """
+    write_kv(step, layer_idx, k, v)
+    return attend(step, layer_idx, q, scale)
 
 def paged_attention_forward(
     module,

@@ -10,6 +10,9 @@ projections read weights reordered once for oneDNN. The model object is left as 
 
 from __future__ import annotations
 
+import array
+import ctypes
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from .engine import ModelRunner, StepInputs, write_and_attend
+from .attention import build_cpu_kernel, load_cpu_kernel
+from .engine import ModelRunner, PagedKVCache, StepInputs, attend, write_kv
 
 
 class FusedLinear:
@@ -150,11 +154,6 @@ class FusedLayer:
         )
 
 
-def rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
-    weight, eps = norm
-    return F.rms_norm(x, weight.shape, weight, eps)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE on ``[tokens, heads, head_dim]`` (q and k heads together), as
     transformers' ``apply_rotary_pos_emb`` computes it."""
@@ -162,12 +161,134 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
+class LayerOps:
+    """The small steps between a layer's matrix products, in PyTorch.
+
+    This is the readable reference, and the path on a GPU and for any model
+    `CpuLayerOps` does not take. Each method is a few tensor operations, and
+    each operation is one pass over the step's rows.
+    """
+
+    def add_rms_norm(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor | None,
+        norm: tuple[torch.Tensor, float],
+    ) -> torch.Tensor:
+        """``x += y`` (the residual stream, in place; no add if ``y`` is None),
+        then RMSNorm of ``x`` with ``norm``'s weight and epsilon."""
+        if y is not None:
+            x.add_(y)
+        weight, eps = norm
+        return F.rms_norm(x, weight.shape, weight, eps)
+
+    def act_mul(
+        self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """``act(gate) * up``, for rows ``[gate | up]`` of ``gate_up``."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        return act(gate) * up
+
+    def rope_and_store(
+        self,
+        step: StepInputs,
+        layer_idx: int,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        heads: int,
+    ) -> torch.Tensor:
+        """RoPE on the q and k heads of ``qkv`` (``[tokens, heads + 2 kv_heads,
+        head_dim]``), the new K/V written to the cache; returns q."""
+        kv_heads = (qkv.shape[1] - heads) // 2
+        qk = apply_rope(qkv[:, : heads + kv_heads], cos[:, None], sin[:, None])
+        write_kv(step, layer_idx, qk[:, heads:], qkv[:, heads + kv_heads :])
+        return qk[:, :heads]
+
+@functools.cache
+def load_layer_ops() -> ctypes.CDLL | None:
+    """The C++ library with the layer ops (the attention kernel's, built on
+    first use), or None where that kernel is not available."""
+    if load_cpu_kernel() is None:
+        return None
+    lib = ctypes.CDLL(str(build_cpu_kernel()))
+    lib.pagedkv_add_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_double]
+    for name in ("pagedkv_add_rms_norm", "pagedkv_silu_mul", "pagedkv_rope_store"):
+        getattr(lib, name).restype = None
+    lib.pagedkv_silu_mul.argtypes = [ctypes.c_void_p]
+    lib.pagedkv_rope_store.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def _args(*values: int) -> array.array:
+    """The int64 argument block the C++ entry points read."""
+    return array.array("q", values)
+
+
+class CpuLayerOps(LayerOps):
+    """`LayerOps` in C++ (the layer-ops section of ``csrc/paged_attention.cpp``):
+    each step one pass over the rows. For float32 on a CPU, with SiLU as the
+    MLP's activation; `layer_ops` checks that before choosing it."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+
+    def add_rms_norm(self, x, y, norm):
+        weight, eps = norm
+        out = torch.empty_like(x)
+        rows, dim = x.shape
+        args = _args(
+            x.data_ptr(), 0 if y is None else y.data_ptr(), weight.data_ptr(),
+            out.data_ptr(), rows, dim, torch.get_num_threads(),
+        )  # fmt: skip
+        self.lib.pagedkv_add_rms_norm(args.buffer_info()[0], eps)
+        return out
+
+    def act_mul(self, gate_up, act):
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = gate_up.new_empty(rows, inter)
+        args = _args(
+            gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads()
+        )
+        self.lib.pagedkv_silu_mul(args.buffer_info()[0])
+        return out
+
+    def rope_and_store(self, step, layer_idx, qkv, cos, sin, heads):
+        k_cache, v_cache = step.kv_cache.layer(layer_idx)
+        tokens, width, head_dim = qkv.shape
+        args = _args(
+            qkv.data_ptr(), width * head_dim, cos.data_ptr(), sin.data_ptr(),
+            step.slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+            tokens, heads, (width - heads) // 2, head_dim, torch.get_num_threads(),
+        )  # fmt: skip
+        self.lib.pagedkv_rope_store(args.buffer_info()[0])
+        return qkv[:, :heads]
+
+
+def layer_ops(model: PreTrainedModel, kv_cache: PagedKVCache) -> LayerOps:
+    """`CpuLayerOps` where they apply (a float32 model and cache on a CPU, a
+    SiLU-gated MLP, heads of at most 512, the C++ library built), `LayerOps`
+    otherwise."""
+    lib = load_layer_ops()
+    if (
+        lib is None
+        or model.device.type != "cpu"
+        or model.dtype != torch.float32
+        or kv_cache.data.dtype != torch.float32
+        or not kv_cache.data.is_contiguous()
+        or getattr(model.config, "hidden_act", None) not in ("silu", "swish")
+        or kv_cache.data.shape[-1] > 512
+    ):
+        return LayerOps()
+    return CpuLayerOps(lib)
+
 class FusedModelRunner(ModelRunner):
     """`ModelRunner` with the decoder run by the runner itself (see the module doc).
 
     It reads the model's weights and changes nothing in the model: ``model.generate``
     keeps working. ``pack`` (default: where `can_pack` says it works) prepacks
-    the projections for oneDNN, which keeps a second copy of them. Raises
+    the projections for oneDNN, which keeps a second copy of them. ``ops`` runs
+    the steps between the projections (default: `layer_ops` chooses). Raises
     ValueError, with the reason, for a model `fused_unsupported_reason` rejects.
     """
 
@@ -178,6 +299,7 @@ class FusedModelRunner(ModelRunner):
         block_size: int = 16,
         max_model_len: int | None = None,
         pack: bool | None = None,
+        ops: LayerOps | None = None,
     ):
         super().__init__(model, num_blocks, block_size, max_model_len)
         reason = fused_unsupported_reason(model)
@@ -191,26 +313,29 @@ class FusedModelRunner(ModelRunner):
         self.layers = [
             FusedLayer.from_layer(layer, self.pack) for layer in inner.layers
         ]
+        self.next_norms = [layer.input_norm for layer in self.layers[1:]]
+        self.next_norms.append(self.final_norm)
         self.heads = model.config.num_attention_heads
-        _, _, _, _, self.kv_heads, self.head_dim = self.kv_cache.data.shape
+        self.head_dim = self.kv_cache.data.shape[-1]
+        self.ops = layer_ops(model, self.kv_cache) if ops is None else ops
 
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Logits ``[num_seqs, vocab]`` of one step."""
-        heads, kv_heads = self.heads, self.kv_heads
+        ops, heads, tokens = self.ops, self.heads, len(step.input_ids)
+        # the residual stream: each layer adds its two outputs to it in place
         x = self.embed(step.input_ids)
         cos, sin = self.rotary(x, step.positions[None])
-        # one [tokens, 1, head_dim] table, broadcast over q and k heads
-        cos, sin = cos[0, :, None], sin[0, :, None]
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        h = ops.add_rms_norm(x, None, self.layers[0].input_norm)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(rms_norm(x, layer.input_norm))
-            qkv = qkv.view(len(x), heads + 2 * kv_heads, self.head_dim)
-            qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)
-            q, k, v = qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
-            attn = write_and_attend(step, i, q, k, v, layer.scale)
-            x = x + layer.o_proj(attn.reshape(len(x), -1))
-            gate, up = layer.gate_up(rms_norm(x, layer.post_norm)).chunk(2, dim=-1)
-            x = x + layer.down_proj(layer.act(gate) * up)
-        return self.lm_head(rms_norm(x[step.logits_index], self.final_norm))
+            qkv = layer.qkv(h).view(tokens, -1, self.head_dim)
+            q = ops.rope_and_store(step, i, qkv, cos, sin, heads)
+            attn = attend(step, i, q, layer.scale).reshape(tokens, -1)
+            h = ops.add_rms_norm(x, layer.o_proj(attn), layer.post_norm)
+            mlp = layer.down_proj(ops.act_mul(layer.gate_up(h), layer.act))
+            # add the MLP's output, then the next layer's input norm (or the final one)
+            h = ops.add_rms_norm(x, mlp, self.next_norms[i])
+        return self.lm_head(h[step.logits_index])
 
 
 def runner_class(

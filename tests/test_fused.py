@@ -1,18 +1,24 @@
 """The fused runner: same logits as the hook runner, same tokens as ``generate``,
 the model left as it was, and clear refusals."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
 from reference import greedy_alone
 from torch import nn
 
-from pagedkv_lab.engine import ModelRunner, SamplingParams, Sequence
+from pagedkv_lab import fused
+from pagedkv_lab.engine import ModelRunner, PagedKVCache, SamplingParams, Sequence
 from pagedkv_lab.fused import (
+    CpuLayerOps,
     FusedLinear,
     FusedModelRunner,
+    LayerOps,
     can_pack,
     fused_unsupported_reason,
+    layer_ops,
 )
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import OFFLINE_MODELS, load_model
@@ -168,3 +174,93 @@ def test_checking_for_packing_leaves_the_global_random_stream_alone():
     after = torch.rand(3)
     torch.manual_seed(5)
     assert torch.equal(after, torch.rand(3))
+
+
+def _cache(num_blocks=1, kv_heads=1, head_dim=8, dtype=torch.float32):
+    config = SimpleNamespace(
+        num_hidden_layers=1,
+        num_attention_heads=kv_heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+    )
+    return PagedKVCache(config, num_blocks, BLOCK, dtype, "cpu")
+
+
+def _cpu_ops():
+    ops = layer_ops(load_model("tiny-llama")[0], _cache())
+    if not isinstance(ops, CpuLayerOps):
+        pytest.skip("no C++ compiler on this machine")
+    return ops
+
+
+@pytest.mark.parametrize("rows", [1, 3, 37])
+@pytest.mark.parametrize("dim", [8, 40, 72, 512])
+@pytest.mark.parametrize("add", [False, True])
+def test_cpp_add_rms_norm_matches_torch(rows, dim, add):
+    g = torch.Generator().manual_seed(rows * dim)
+    x, y = (torch.randn(rows, dim, generator=g) * 3 for _ in range(2))
+    norm = (torch.randn(dim, generator=g), 1e-5)
+    want_x, got_x = x.clone(), x.clone()
+    want = LayerOps().add_rms_norm(want_x, y if add else None, norm)
+    got = _cpu_ops().add_rms_norm(got_x, y if add else None, norm)
+    # the residual stream is updated in place, exactly
+    assert torch.equal(got_x, want_x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("inter", [8, 19, 48, 1408])
+def test_cpp_silu_mul_matches_torch(rows, inter):
+    g = torch.Generator().manual_seed(inter)
+    gate_up = torch.randn(rows, 2 * inter, generator=g) * 8
+    # the tails of the exponential: no overflow, no NaN
+    gate_up[0, :4] = torch.tensor([-1e4, -90.0, 90.0, 1e4])
+    want = LayerOps().act_mul(gate_up, F.silu)
+    got = _cpu_ops().act_mul(gate_up, F.silu)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim", [(4, 2, 8), (6, 1, 16), (8, 4, 64), (3, 3, 40)]
+)
+def test_cpp_rope_and_store_matches_torch(heads, kv_heads, head_dim):
+    """Same q, and the same K/V at the same slots (scattered over the blocks)."""
+    g = torch.Generator().manual_seed(head_dim)
+    tokens, num_blocks = 11, 6
+    slots = torch.randperm(num_blocks * BLOCK, generator=g)[:tokens]
+    positions = torch.randint(0, 500, (tokens,), generator=g)
+    inv_freq = 1 / 10000 ** (torch.arange(0, head_dim, 2) / head_dim)
+    angles = positions[:, None] * inv_freq[None]
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles] * 2, -1).sin()
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, generator=g)
+    results = []
+    for ops in (LayerOps(), _cpu_ops()):
+        cache = _cache(num_blocks, kv_heads, head_dim)
+        step = SimpleNamespace(kv_cache=cache, slot_mapping=slots)
+        q = ops.rope_and_store(step, 0, qkv.clone(), cos, sin, heads)
+        results.append((q, cache.data.clone()))
+    (want_q, want_cache), (got_q, got_cache) = results
+    torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_cache, want_cache, rtol=1e-5, atol=1e-5)
+    assert got_cache.abs().sum() > 0
+
+
+def test_layer_ops_fall_back_to_torch_where_the_cpp_ones_do_not_apply(monkeypatch):
+    cache = _cache()
+    bf16, _ = load_model("tiny-llama", dtype=torch.bfloat16)
+    assert type(layer_ops(bf16, cache)) is LayerOps
+    gelu, _ = load_model("tiny-llama")
+    gelu.config.hidden_act = "gelu"
+    assert type(layer_ops(gelu, cache)) is LayerOps
+    monkeypatch.setattr(fused, "load_layer_ops", lambda: None)
+    assert type(layer_ops(load_model("tiny-llama")[0], cache)) is LayerOps
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "small-llama"])
+def test_cpp_and_torch_layer_ops_give_the_same_logits(name):
+    model, _ = load_model(name)
+    prompts = _prompts([1, BLOCK + 1, 3 * BLOCK + 5, 40])
+    want = _step_logits(FusedModelRunner(model, 64, BLOCK, ops=LayerOps()), prompts, 5)
+    got = _step_logits(FusedModelRunner(model, 64, BLOCK, ops=_cpu_ops()), prompts, 5)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -10,6 +10,9 @@
 // written with GCC/Clang vector extensions; a `vec` holds a tile's 16 scores.
 // OpenMP runs the work items in parallel. pagedkv_lab/attention.py builds it
 // with the system's compiler and calls it through ctypes.
+//
+// The file ends with the layer ops of chapter 05's fused runner (RMSNorm,
+// SiLU-gated MLP activation, RoPE with the cache write): one library to build.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -337,3 +340,116 @@ extern "C" int pagedkv_attention(const int64_t* p, double scale) {
 #endif
   return -1;
 }
+
+// ---- layer ops (chapter 05) ----
+// The small steps of a Llama layer between its matrix products, for the fused
+// runner: each is one pass over a step's rows, fp32 in and out, where PyTorch
+// makes three to ten (one per operation, each reading and writing the rows).
+namespace {
+
+// Runs body(row) for rows [0, rows): on `threads` threads when there are
+// enough elements to pay for waking them (the attention's SERIAL_WORK rule).
+template <typename F>
+void for_rows(int64_t rows, int64_t row_elems, int threads, F body) {
+  if (rows * row_elems < (1 << 16)) threads = 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) body(r);
+}
+
+inline vec loadv(const float* p) { return *reinterpret_cast<const vec*>(p); }
+inline void storev(float* p, vec v) { *reinterpret_cast<vec*>(p) = v; }
+
+}  // namespace
+
+// x += y (when y is not null), then out = w * (x / sqrt(mean(x^2) + eps)),
+// row by row over [rows, dim]: a residual add and RMSNorm in one pass.
+// p: x, y, w, out, rows, dim, threads.
+extern "C" void pagedkv_add_rms_norm(const int64_t* p, double eps) {
+  float* x = reinterpret_cast<float*>(p[0]);
+  const float* y = reinterpret_cast<const float*>(p[1]);
+  const float* w = reinterpret_cast<const float*>(p[2]);
+  float* out = reinterpret_cast<float*>(p[3]);
+  const int64_t rows = p[4], dim = p[5], body = dim / W * W;
+  for_rows(rows, dim, int(p[6]), [&](int64_t r) {
+    float* xr = x + r * dim;
+    const float* yr = y ? y + r * dim : nullptr;
+    vec acc{};
+    float tail = 0.0f;
+    for (int64_t d = 0; d < body; d += W) {
+      vec v = loadv(xr + d);
+      if (yr) storev(xr + d, v += loadv(yr + d));
+      acc += v * v;
+    }
+    for (int64_t d = body; d < dim; ++d) {
+      if (yr) xr[d] += yr[d];
+      tail += xr[d] * xr[d];
+    }
+    const float mean_sq = (vsum(acc) + tail) / float(dim);
+    const float inv = 1.0f / std::sqrt(mean_sq + float(eps));
+    float* o = out + r * dim;
+    for (int64_t d = 0; d < body; d += W)
+      storev(o + d, loadv(w + d) * (loadv(xr + d) * inv));
+    for (int64_t d = body; d < dim; ++d) o[d] = w[d] * (xr[d] * inv);
+  });
+}
+
+// out[r] = silu(gate[r]) * up[r], where row r of gate_up is [gate | up], each
+// `inter` wide: the gated MLP's activation in one pass.
+// silu(g) = g / (1 + e^-g), with e^-|g| from exp_neg: it never overflows.
+// p: gate_up, out, rows, inter, threads.
+extern "C" void pagedkv_silu_mul(const int64_t* p) {
+  const float* gu = reinterpret_cast<const float*>(p[0]);
+  float* out = reinterpret_cast<float*>(p[1]);
+  const int64_t rows = p[2], inter = p[3], body = inter / W * W;
+  for_rows(rows, inter, int(p[4]), [&](int64_t r) {
+    const float* g = gu + r * 2 * inter;
+    const float* u = g + inter;
+    float* o = out + r * inter;
+    for (int64_t j = 0; j < body; j += W) {
+      const vec gv = loadv(g + j);
+      const vec e = exp_neg(gv < 0 ? gv : -gv);  // e^-|g|
+      // sigmoid(g) = 1 / (1 + e^-g) for g >= 0, e^g / (1 + e^g) below
+      const vec sig = (gv < 0 ? e : splat(1.0f)) / (1.0f + e);
+      storev(o + j, gv * sig * loadv(u + j));
+    }
+    for (int64_t j = body; j < inter; ++j)
+      o[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+  });
+}
+
+// For each token: RoPE on its q and k heads, in place in its row of qkv
+// ([heads | kv_heads | kv_heads] x head_dim), x' = x cos + rotate_half(x) sin
+// as transformers computes it; then its k and v heads copied to its cache slot.
+// p: qkv, qkv_row_stride, cos, sin ([tokens, head_dim] each), slots (int64),
+// k_cache, v_cache ([slots, kv_heads, head_dim]), tokens, heads, kv_heads,
+// head_dim, threads.
+extern "C" void pagedkv_rope_store(const int64_t* p) {
+  float* qkv = reinterpret_cast<float*>(p[0]);
+  const int64_t stride = p[1];
+  const float* cos = reinterpret_cast<const float*>(p[2]);
+  const float* sin = reinterpret_cast<const float*>(p[3]);
+  const int64_t* slots = reinterpret_cast<const int64_t*>(p[4]);
+  float* k_cache = reinterpret_cast<float*>(p[5]);
+  float* v_cache = reinterpret_cast<float*>(p[6]);
+  const int64_t tokens = p[7], heads = p[8], kv_heads = p[9], D = p[10];
+  const int64_t half = D / 2;
+  for_rows(tokens, (heads + 2 * kv_heads) * D, int(p[11]), [&](int64_t t) {
+    float* row = qkv + t * stride;
+    const float* c = cos + t * D;
+    const float* s = sin + t * D;
+    float tmp[512];  // one head: layer_ops checks head_dim <= 512
+    for (int64_t h = 0; h < heads + kv_heads; ++h) {
+      float* x = row + h * D;
+      for (int64_t i = 0; i < half; ++i) {
+        tmp[i] = x[i] * c[i] + -x[i + half] * s[i];
+        tmp[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+      }
+      std::copy(tmp, tmp + D, x);
+    }
+    const int64_t kv = kv_heads * D;
+    const float* k = row + heads * D;  // then v, right after
+    std::copy(k, k + kv, k_cache + slots[t] * kv);
+    std::copy(k + kv, k + 2 * kv, v_cache + slots[t] * kv);
+  });
+}
+// ---- end of layer ops ----
