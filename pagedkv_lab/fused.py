@@ -233,8 +233,21 @@ class CpuLayerOps(LayerOps):
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
 
+    @staticmethod
+    def _takes(*tensors: torch.Tensor) -> bool:
+        """Whether the C++ code can read these: contiguous float32 on a CPU (a
+        step that breaks that, which the runner never makes, takes `LayerOps`)."""
+        return all(
+            t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+            for t in tensors
+        )
+
     def add_rms_norm(self, x, y, norm):
         weight, eps = norm
+        if not self._takes(x, weight, *([] if y is None else [y])) or (
+            y is not None and y.shape != x.shape
+        ):
+            return super().add_rms_norm(x, y, norm)
         out = torch.empty_like(x)
         rows, dim = x.shape
         args = _args(
@@ -245,6 +258,8 @@ class CpuLayerOps(LayerOps):
         return out
 
     def act_mul(self, gate_up, act):
+        if not self._takes(gate_up):
+            return super().act_mul(gate_up, act)
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = gate_up.new_empty(rows, inter)
         args = _args(
@@ -256,9 +271,19 @@ class CpuLayerOps(LayerOps):
     def rope_and_store(self, step, layer_idx, qkv, cos, sin, heads):
         k_cache, v_cache = step.kv_cache.layer(layer_idx)
         tokens, width, head_dim = qkv.shape
+        slots = step.slot_mapping
+        if (
+            not self._takes(qkv, cos, sin, k_cache, v_cache)
+            or cos.shape != (tokens, head_dim)
+            or sin.shape != (tokens, head_dim)
+            or slots.dtype != torch.int64
+            or slots.shape != (tokens,)
+            or not slots.is_contiguous()
+        ):
+            return super().rope_and_store(step, layer_idx, qkv, cos, sin, heads)
         args = _args(
             qkv.data_ptr(), width * head_dim, cos.data_ptr(), sin.data_ptr(),
-            step.slot_mapping.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+            slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
             tokens, heads, (width - heads) // 2, head_dim, torch.get_num_threads(),
         )  # fmt: skip
         self.lib.pagedkv_rope_store(args.buffer_info()[0])

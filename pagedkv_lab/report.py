@@ -632,7 +632,8 @@ def run_all(
             results["serve"] = serve_section(
                 device,
                 vllm_python=vllm_python,
-                repeats=1 if quick else 3,
+                # five rounds: one disturbed round moves a median of three a lot
+                repeats=1 if quick else 5,
                 progress=lambda w: bar.set_postfix_str(f"serve {w}"),
                 **small,
             )

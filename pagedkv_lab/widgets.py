@@ -620,6 +620,15 @@ def draw_beam_frame(ax, frame: dict, block_size: int, width: int) -> None:
                 color="white" if dark else "#333333",
             )
         ax.text(-0.2, y + 0.4, f"beam {seq_id}", ha="right", va="center", fontsize=7)
+    if not frame["beams"]:
+        ax.text(
+            width / 2 - 1.1,
+            0.4,
+            f"search finished: {frame['finished']} hypotheses, every block freed",
+            ha="center",
+            va="center",
+            fontsize=9,
+        )
     ax.set_xlim(-2.2, width)
     ax.set_ylim(-0.2, max(1, len(frame["beams"])))
     ax.axis("off")
@@ -652,9 +661,11 @@ def beam_search_viewer():
             out.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * width.value))
             draw_beam_frame(ax, frame, block_size.value, cols)
+            # the last step's vanished beams finished; earlier ones were pruned
+            gone = "ended" if not frame["beams"] else "pruned"
             ax.set_title(
                 f"step {frame['step']}: {len(frame['copies'])} copies, "
-                f"{len(frame['pruned'])} beams pruned, {frame['finished']} finished",
+                f"{len(frame['pruned'])} beams {gone}, {frame['finished']} finished",
                 fontsize=10,
             )
             _legend_below(ax, beam_legend_handles(), ncol=3)

@@ -264,3 +264,17 @@ def test_cpp_and_torch_layer_ops_give_the_same_logits(name):
     want = _step_logits(FusedModelRunner(model, 64, BLOCK, ops=LayerOps()), prompts, 5)
     got = _step_logits(FusedModelRunner(model, 64, BLOCK, ops=_cpu_ops()), prompts, 5)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_cpp_layer_ops_hand_inputs_they_cannot_read_to_torch():
+    """A strided or bfloat16 input gives LayerOps' results, not garbage."""
+    ops, g = _cpu_ops(), torch.Generator().manual_seed(3)
+    strided = torch.randn(64, 10, generator=g).t()  # [10, 64], not contiguous
+    norm = (torch.randn(64, generator=g), 1e-5)
+    want_x, got_x = strided.clone(), strided.clone().t().contiguous().t()
+    want = LayerOps().add_rms_norm(want_x, None, norm)
+    torch.testing.assert_close(ops.add_rms_norm(got_x, None, norm), want)
+    gate_up = torch.randn(5, 32, generator=g).to(torch.bfloat16)
+    torch.testing.assert_close(
+        ops.act_mul(gate_up, F.silu), LayerOps().act_mul(gate_up, F.silu)
+    )
