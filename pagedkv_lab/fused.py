@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
-from .attention import build_cpu_kernel, load_cpu_kernel
+from .attention import SERIAL_WORK, build_cpu_kernel, load_cpu_kernel
 from .engine import ModelRunner, PagedKVCache, StepInputs, attend, write_kv
 
 
@@ -225,6 +225,12 @@ def _args(*values: int) -> array.array:
     return array.array("q", values)
 
 
+def _threads(t: torch.Tensor) -> int:
+    """Threads for one pass over ``t``: one below `SERIAL_WORK` elements, as for
+    the attention kernel."""
+    return 1 if t.numel() < SERIAL_WORK else torch.get_num_threads()
+
+
 class CpuLayerOps(LayerOps):
     """`LayerOps` in C++ (the layer-ops section of ``csrc/paged_attention.cpp``):
     each step one pass over the rows. For float32 on a CPU, with SiLU as the
@@ -252,7 +258,7 @@ class CpuLayerOps(LayerOps):
         rows, dim = x.shape
         args = _args(
             x.data_ptr(), 0 if y is None else y.data_ptr(), weight.data_ptr(),
-            out.data_ptr(), rows, dim, torch.get_num_threads(),
+            out.data_ptr(), rows, dim, _threads(x),
         )  # fmt: skip
         self.lib.pagedkv_add_rms_norm(args.buffer_info()[0], eps)
         return out
@@ -263,7 +269,7 @@ class CpuLayerOps(LayerOps):
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = gate_up.new_empty(rows, inter)
         args = _args(
-            gate_up.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads()
+            gate_up.data_ptr(), out.data_ptr(), rows, inter, _threads(gate_up)
         )
         self.lib.pagedkv_silu_mul(args.buffer_info()[0])
         return out
@@ -284,7 +290,7 @@ class CpuLayerOps(LayerOps):
         args = _args(
             qkv.data_ptr(), width * head_dim, cos.data_ptr(), sin.data_ptr(),
             slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-            tokens, heads, (width - heads) // 2, head_dim, torch.get_num_threads(),
+            tokens, heads, (width - heads) // 2, head_dim, _threads(qkv),
         )  # fmt: skip
         self.lib.pagedkv_rope_store(args.buffer_info()[0])
         return qkv[:, :heads]

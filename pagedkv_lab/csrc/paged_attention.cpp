@@ -347,11 +347,10 @@ extern "C" int pagedkv_attention(const int64_t* p, double scale) {
 // makes three to ten (one per operation, each reading and writing the rows).
 namespace {
 
-// Runs body(row) for rows [0, rows): on `threads` threads when there are
-// enough elements to pay for waking them (the attention's SERIAL_WORK rule).
+// Runs body(row) for rows [0, rows) on `threads` threads (the caller passes
+// 1 for small work, by the attention's SERIAL_WORK rule).
 template <typename F>
-void for_rows(int64_t rows, int64_t row_elems, int threads, F body) {
-  if (rows * row_elems < (1 << 16)) threads = 1;
+void for_rows(int64_t rows, int threads, F body) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t r = 0; r < rows; ++r) body(r);
 }
@@ -370,7 +369,7 @@ extern "C" void pagedkv_add_rms_norm(const int64_t* p, double eps) {
   const float* w = reinterpret_cast<const float*>(p[2]);
   float* out = reinterpret_cast<float*>(p[3]);
   const int64_t rows = p[4], dim = p[5], body = dim / W * W;
-  for_rows(rows, dim, int(p[6]), [&](int64_t r) {
+  for_rows(rows, int(p[6]), [&](int64_t r) {
     float* xr = x + r * dim;
     const float* yr = y ? y + r * dim : nullptr;
     vec acc{};
@@ -401,7 +400,7 @@ extern "C" void pagedkv_silu_mul(const int64_t* p) {
   const float* gu = reinterpret_cast<const float*>(p[0]);
   float* out = reinterpret_cast<float*>(p[1]);
   const int64_t rows = p[2], inter = p[3], body = inter / W * W;
-  for_rows(rows, inter, int(p[4]), [&](int64_t r) {
+  for_rows(rows, int(p[4]), [&](int64_t r) {
     const float* g = gu + r * 2 * inter;
     const float* u = g + inter;
     float* o = out + r * inter;
@@ -433,7 +432,7 @@ extern "C" void pagedkv_rope_store(const int64_t* p) {
   float* v_cache = reinterpret_cast<float*>(p[6]);
   const int64_t tokens = p[7], heads = p[8], kv_heads = p[9], D = p[10];
   const int64_t half = D / 2;
-  for_rows(tokens, (heads + 2 * kv_heads) * D, int(p[11]), [&](int64_t t) {
+  for_rows(tokens, int(p[11]), [&](int64_t t) {
     float* row = qkv + t * stride;
     const float* c = cos + t * D;
     const float* s = sin + t * D;
