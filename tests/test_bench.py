@@ -147,6 +147,34 @@ def test_every_system_gets_the_same_warmup_and_requests_in_alternating_rounds(
     assert timed[0][2] == [q.output_len for q in REQUESTS]
 
 
+def test_hf_continuous_thread_lives_only_inside_its_runs():
+    # a live manager thread keeps an OpenMP team that slows every other system in the process
+    setup = bench.ServeSetup(
+        "tiny-llama",
+        torch.device("cpu"),
+        max_model_len=64,
+        budget_tokens=128,
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        threads=torch.get_num_threads(),
+    )
+    runner = bench._HFContinuousRunner(setup)
+    try:
+        assert not runner.manager.is_running()
+        prompts = [[3, 4, 5], [6, 7, 8, 9, 10]]
+        first = runner.run(prompts, [6, 4])
+        assert not runner.manager.is_running()
+        second = runner.run(prompts, [6, 4])
+        assert not runner.manager.is_running()
+        assert first["tokens"] == second["tokens"]
+        assert [len(t) for t in first["tokens"]] == [6, 4]
+        assert 0 < second["peak_kv_bytes"] <= setup.budget_bytes
+    finally:
+        runner.close()
+    assert getattr(runner.model, "_cached_continuous_batching_manager", None) is None
+
+
 def test_vllm_block_sizes_are_multiples_of_32_that_fit():
     assert vllm_block_sizes((16, 32, 48, 64, 128), 512, 4096) == [32, 64, 128]
     assert vllm_block_sizes((32, 64, 128), 64, 128) == [32, 64]
