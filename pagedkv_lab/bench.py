@@ -507,8 +507,8 @@ class _HFContinuousRunner:
     an OpenMP thread team of its own. While that thread lives, libgomp counts more OpenMP threads
     than CPUs and cuts the time a waiting worker spins from 300,000 to 100 iterations (its
     ``GOMP_SPINCOUNT`` documentation), so every other system in this process pays a sleep and a
-    wake-up per parallel region: on the course's 2-core CPU this engine served W1 at half speed
-    while an idle manager was alive. So the thread lives only inside `run`: the manager is stopped
+    wake-up per parallel region: on the course's 2-core CPU this engine served W1 at 0.3-0.8 of
+    its speed alone beside such a thread (``scripts/openmp_neighbour.py``). So the thread lives only inside `run`: the manager is stopped
     after each run, kept for the next (transformers' persistent manager), and started again.
     """
 
