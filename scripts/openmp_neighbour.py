@@ -23,20 +23,14 @@ import time
 
 import torch
 
-from pagedkv_lab.bench import _prompt_ids, scaled_chat_trace
-from pagedkv_lab.engine import SamplingParams
-from pagedkv_lab.kvmath import KVSpec
-from pagedkv_lab.llm import LLM
-from pagedkv_lab.models import load_model
+from pagedkv_lab.bench import ServeSetup, _OursRunner, _prompt_ids, scaled_chat_trace
 
 
-def serve(llm: LLM, prompts, params) -> tuple[float, float]:
+def serve(runner: _OursRunner, prompts, max_tokens) -> tuple[float, float]:
     """Throughput (tok/s) and CPU time over wall time of one pass over the trace."""
-    cpu, t0 = time.process_time(), time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - t0
-    tokens = sum(p.max_tokens for p in params)
-    return tokens / wall, (time.process_time() - cpu) / wall
+    cpu = time.process_time()
+    seconds = runner.run(prompts, max_tokens)["seconds"]
+    return sum(max_tokens) / seconds, (time.process_time() - cpu) / seconds
 
 
 def idle_team() -> threading.Event:
@@ -44,7 +38,8 @@ def idle_team() -> threading.Event:
     done = threading.Event()
 
     def body():
-        torch.ones(1 << 22).add_(1)  # large enough for ATen to run it in parallel
+        # large enough for ATen to run it in parallel
+        torch.ones(1 << 22).add_(1)
         done.wait()
 
     threading.Thread(target=body, daemon=True).start()
@@ -61,31 +56,28 @@ def main() -> None:
 
     requests = scaled_chat_trace(args.num_requests, 512)
     prompts = _prompt_ids(requests)
-    params = [
-        SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
-        for r in requests
-    ]
-    model, tokenizer = load_model(args.model)
-    # chapter 10's setup: a KV budget of 8 full-length requests, 512 tokens per step
-    budget = KVSpec.from_config(model.config, model.dtype).bytes_for(8 * 512)
-    llm = LLM(
-        (model, tokenizer),
-        block_size=16,
-        kv_cache_memory=budget,
+    max_tokens = [r.output_len for r in requests]
+    # `bench serve`'s engine for W1: a KV budget of 8 full-length requests
+    setup = ServeSetup(
+        args.model,
+        torch.device("cpu"),
         max_model_len=512,
+        budget_tokens=8 * 512,
+        block_size=16,
+        max_num_seqs=256,
         max_num_batched_tokens=512,
+        threads=torch.get_num_threads(),
     )
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
-    print(
-        f"{args.model}, W1 {len(requests)} requests, {torch.get_num_threads()} threads"
-    )
+    runner = _OursRunner(setup, reserve=False)
+    runner.run(prompts[:2], [16, 16])  # warm-up
+    print(f"{args.model}, W1 {len(requests)} requests, {setup.threads} threads")
     for r in range(args.rounds):
-        alone, cpu_alone = serve(llm, prompts, params)
+        alone, cpu_alone = serve(runner, prompts, max_tokens)
         done = idle_team()
-        beside, cpu_beside = serve(llm, prompts, params)
+        beside, cpu_beside = serve(runner, prompts, max_tokens)
         done.set()
         time.sleep(0.2)
-        after, cpu_after = serve(llm, prompts, params)
+        after, cpu_after = serve(runner, prompts, max_tokens)
         print(
             f"round {r + 1}: alone {alone:.0f} tok/s (cpu/wall {cpu_alone:.2f}); "
             f"beside an idle team {beside:.0f} ({cpu_beside:.2f}), ratio {beside / alone:.2f}; "
