@@ -4,7 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
-.PHONY: setup book test lab export execute lint clean gpu-check
+.PHONY: setup book test test-floor lab export execute lint clean gpu-check
+
+# The lowest transformers pyproject.toml allows (tests/test_versions.py checks the two agree).
+TRANSFORMERS_FLOOR := 5.17.0
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +26,12 @@ test: setup  ## lint, unit, property and sync tests, then strict nbval over ever
 	$(BIN)/ruff check pagedkv_lab tests solutions
 	$(BIN)/python -m pytest tests -q
 	$(BIN)/python -m pytest $(NBVAL) notebooks -q
+
+# transformers 5.17 wants huggingface-hub < 2; both go into .floor/, in front of .venv's.
+test-floor: setup  ## the unit tests again, on the lowest transformers the package allows
+	$(BIN)/pip install -q --no-deps --upgrade --target .floor \
+	  "transformers==$(TRANSFORMERS_FLOOR)" "huggingface-hub>=1.5,<2"
+	PYTHONPATH=.floor $(BIN)/python -m pytest tests -q
 
 lab: setup  ## open the chapters in JupyterLab
 	$(BIN)/jupyter lab notebooks
@@ -48,4 +57,4 @@ lint: setup
 	$(BIN)/ruff check pagedkv_lab tests solutions
 
 clean:
-	rm -rf _build
+	rm -rf _build .floor

@@ -33,6 +33,7 @@ vLLM's default torch.compile), becomes a row, so vLLM is shown at its best.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import math
 import statistics
@@ -150,6 +151,7 @@ def kernel_benchmark(
     dtype: torch.dtype | None = None,
     repeats: int = 10,
     seed: int = 0,
+    max_kv_bytes: int | None = None,
 ) -> list[dict]:
     """Decode attention over the same K/V, stored paged and contiguously.
 
@@ -162,6 +164,11 @@ def kernel_benchmark(
     row, not the row. On CUDA each row is timed once, on its own (the whole grid
     need not fit in GPU memory), and also reports the paged path's bandwidth
     against a device-to-device copy of the same bytes.
+
+    A row holds its K/V about five times at once (contiguous, paged, the
+    PyTorch path's gather, and a copy's source and destination), so rows whose
+    K/V exceed ``max_kv_bytes`` (default: 4 GiB on CUDA, no cap on a CPU) are
+    left out rather than run out of device memory.
     """
     from .attention import paged_decode, paged_decode_torch
 
@@ -171,11 +178,15 @@ def kernel_benchmark(
     head_dim = head_dim or (128 if cuda else 64)
     dtype = dtype or (torch.float16 if cuda else torch.float32)
     path = decode_path_name(device, head_dim)
+    if max_kv_bytes is None and cuda:
+        max_kv_bytes = 4 << 30
     gen = torch.Generator().manual_seed(seed)
     rows, calls = [], []
     for batch in batch_sizes:
         for ctx in context_lens:
             shape = (batch, kv_heads, ctx, head_dim)
+            if max_kv_bytes and 2 * math.prod(shape) * dtype.itemsize > max_kv_bytes:
+                continue
             q = torch.randn(batch, heads, head_dim, generator=gen).to(device, dtype)
             k = torch.randn(shape, generator=gen).to(device, dtype)
             v = torch.randn(shape, generator=gen).to(device, dtype)
@@ -198,6 +209,7 @@ def kernel_benchmark(
                 "batch": batch,
                 "context_len": ctx,
                 "path": path,
+                "dtype": dtype,
                 "max_error": errors["paged"],
                 "torch_max_error": errors["torch"],
                 "kv_bytes": 2 * k.numel() * k.element_size(),
@@ -214,7 +226,10 @@ def kernel_benchmark(
                 del src, dst
             else:
                 calls.append(row_calls)
-            del k_cache, v_cache, k, v, paged_args
+            # on CUDA nothing of this row outlives it (the next row's tensors may be larger)
+            del k_cache, v_cache, k, v, q, paged_args, row_calls
+            if cuda:
+                torch.cuda.empty_cache()
     best: list[dict] = [{} for _ in calls]
     for _ in range(3 if calls else 0):
         for b, row_calls in zip(best, calls):
@@ -500,6 +515,27 @@ class _HFStaticRunner:
         del self.model
 
 
+def _hf_paged_cache_layout(cache) -> tuple[int, list[tuple[dict, int]]]:
+    """transformers' paged cache: (bytes its blocks can hold, [(block table, bytes per block)]).
+
+    A block table maps a request to its block ids. Two layouts are supported:
+    transformers >= 5.18 sizes the cache in sectors and keeps one allocator per
+    cache kind (``cache_allocators``); 5.5-5.17 keep one K and one V tensor per
+    layer position of a layer group, two padding blocks in each, and one
+    allocator per group (``group_cache_managers``), all drawing block ids from one
+    pool of ``num_blocks``: a block id holds one group's layers.
+    """
+    if hasattr(cache, "cache_allocators"):
+        tables = [(a.block_table, a.bytes_per_block) for a in cache.cache_allocators.values()]
+        return cache.num_sectors * cache.bytes_per_sector, tables
+    slot_bytes = sum(  # one token of every layer position, K and V
+        t[0].numel() * t.element_size() for t in (*cache.key_cache, *cache.value_cache)
+    )
+    bytes_per_block = cache.block_size * slot_bytes
+    tables = [(m.block_table, bytes_per_block) for m in cache.group_cache_managers]
+    return cache.num_blocks * bytes_per_block, tables
+
+
 class _HFContinuousRunner:
     """transformers' continuous batching (the engine behind ``generate_batch``), one paged cache of the budget.
 
@@ -528,8 +564,11 @@ class _HFContinuousRunner:
             eos_token_id=-1,
             pad_token_id=0,
         )
+        # transformers 5.18 renamed the config's block_size to page_size
+        fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+        size_field = "page_size" if "page_size" in fields else "block_size"
         self._batching = ContinuousBatchingConfig(
-            page_size=setup.block_size,
+            **{size_field: setup.block_size},
             num_blocks=setup.budget_tokens // setup.block_size,
             max_batch_tokens=setup.max_num_batched_tokens,
             max_requests_per_batch=setup.max_num_seqs,
@@ -539,8 +578,7 @@ class _HFContinuousRunner:
         self._start()
         try:
             processor = self.manager.batch_processor
-            cache = processor.cache
-            self.capacity_bytes = cache.num_sectors * cache.bytes_per_sector
+            self.capacity_bytes, block_tables = _hf_paged_cache_layout(processor.cache)
             if self.capacity_bytes > setup.budget_bytes:
                 raise RuntimeError(
                     f"transformers' paged cache holds {self.capacity_bytes} bytes, "
@@ -557,9 +595,8 @@ class _HFContinuousRunner:
             update()
             # a block shared by several requests (prefix sharing) counts once
             held = sum(
-                len({b for blocks in allocator.block_table.values() for b in blocks})
-                * allocator.bytes_per_block
-                for allocator in cache.cache_allocators.values()
+                len({b for blocks in table.values() for b in blocks}) * bytes_per_block
+                for table, bytes_per_block in block_tables
             )
             self.peak = max(self.peak, held)
 

@@ -176,8 +176,11 @@ class BeamSearchGroup(ForkingGroup):
     def process(self, seqs, logits, eos_token_ids, max_model_len, block_manager):
         p, k = self.beam, self.width
         eos = set() if p.ignore_eos or eos_token_ids is None else set(eos_token_ids)
-        logprobs = logits.log_softmax(-1)
-        cums = torch.tensor([s.cumulative_logprob for s in seqs])
+        # float32 scores on the logits' device, as transformers' beam search keeps them
+        logprobs = logits.float().log_softmax(-1)
+        cums = torch.tensor(
+            [s.cumulative_logprob for s in seqs], device=logprobs.device
+        )
         scores = (logprobs + cums[:, None]).flatten()
         top, index = scores.topk(min(2 * k, scores.numel()))
         vocab = logits.shape[-1]

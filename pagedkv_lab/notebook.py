@@ -25,6 +25,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def within(error: float, bound: float) -> str:
+    """State a rounding error the way a compared notebook output may: by the bound it meets.
+
+    An error's digits depend on the CPU's vector code (AVX-512, AVX2, scalar) and
+    the thread count, so a printed ``2.6e-16`` on one machine is ``1.2e-16`` on
+    the next; the bound is the same on every IEEE machine. Over the bound, the
+    digits are shown (and the chapter's assertion fails next to them).
+    """
+    if error < bound:
+        return f"< {bound:.0e}"
+    return f"{error:.1e} (over the bound {bound:.0e})"
+
+
 def setup(seed: int = 0) -> torch.device:
     """Prepare a chapter: quiet warnings, Triton mode, seeds, plot style; return the device to use."""
     if not torch.cuda.is_available():

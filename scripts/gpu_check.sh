@@ -9,8 +9,15 @@
 #   summary.txt                   pass/fail and seconds per step
 # Every step runs even when an earlier one failed; the exit code is 1 if any did.
 # Environment: OUT (default gpu-report), PY (default .venv/bin/python, else
-# python3), STEP_TIMEOUT (seconds per step, default 600).
+# python3: `PY=python3 bash scripts/gpu_check.sh` on a GPU machine whose python
+# already has the package's requirements and no network), STEP_TIMEOUT (seconds
+# per step, default 600), STEPS (default "tests notebooks bench"; the versions
+# always run) and CHAPTERS (default "04 05 06 07 08 09 10 11"), to split a run
+# over several commands, e.g. STEPS=notebooks CHAPTERS="10 11".
 set -u
+STEPS="${STEPS:-tests notebooks bench}"
+CHAPTERS="${CHAPTERS:-04 05 06 07 08 09 10 11}"
+wants() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 OUT="${OUT:-gpu-report}"
 if [ -z "${PY:-}" ]; then
@@ -73,12 +80,15 @@ for key, value in report.items():
 '
 
 # 2. every GPU test, and the attention tests compiled for this GPU
-run_step "pytest test_gpu + test_attention" "$OUT/pytest.txt" \
-  "$PY" -m pytest tests/test_gpu.py tests/test_attention.py -q -p no:cacheprovider \
-  --junitxml="$OUT/pytest.xml"
+if wants tests; then
+  run_step "pytest test_gpu + test_attention" "$OUT/pytest.txt" \
+    "$PY" -m pytest tests/test_gpu.py tests/test_attention.py -q -p no:cacheprovider \
+    --junitxml="$OUT/pytest.xml"
+fi
 
 # 3. chapters 04-11, executed with GPU sizes, into the report (not in place)
-for n in 04 05 06 07 08 09 10 11; do
+wants notebooks || CHAPTERS=""
+for n in $CHAPTERS; do
   for nb in notebooks/${n}_*.ipynb; do
     if [ ! -e "$nb" ]; then
       printf '%-34s %-22s\n' "notebook $n" "skipped (not found)" >>"$OUT/summary.txt"
@@ -92,7 +102,9 @@ for n in 04 05 06 07 08 09 10 11; do
 done
 
 # 4. the benchmark suite on this device
-run_step "bench all" "$OUT/bench.txt" "$PY" -m pagedkv_lab.bench all --out "$OUT/bench"
+if wants bench; then
+  run_step "bench all" "$OUT/bench.txt" "$PY" -m pagedkv_lab.bench all --out "$OUT/bench"
+fi
 
 total=$(($(date +%s) - start_all))
 {

@@ -169,7 +169,11 @@ def test_hf_continuous_thread_lives_only_inside_its_runs():
         assert not runner.manager.is_running()
         assert first["tokens"] == second["tokens"]
         assert [len(t) for t in first["tokens"]] == [6, 4]
-        assert 0 < second["peak_kv_bytes"] <= setup.budget_bytes
+        # both cache layouts (transformers 5.17 and >= 5.18) read the same bytes:
+        # the whole budget, and one 16-token block per request at the peak
+        assert runner.capacity_bytes == setup.budget_bytes
+        bytes_per_block = setup.budget_bytes // (setup.budget_tokens // setup.block_size)
+        assert second["peak_kv_bytes"] == 2 * bytes_per_block
     finally:
         runner.close()
     assert getattr(runner.model, "_cached_continuous_batching_manager", None) is None
@@ -251,3 +255,13 @@ def test_kernel_benchmark_rows_and_cli(capsys):
     assert all(r["max_error"] < 1e-4 for r in rows)
     main(["kernel", "--batch", "1", "--context", "32", "--repeats", "2"])
     assert "paged/contig" in capsys.readouterr().out
+
+
+def test_kernel_benchmark_leaves_out_rows_over_the_memory_cap():
+    # CPU defaults: 2 KV heads, head_dim 64, float32: 1 KiB of K+V per token
+    per_token = 2 * 2 * 64 * 4
+    rows = kernel_benchmark(
+        torch.device("cpu"), (1, 2), (16, 32), repeats=1, max_kv_bytes=32 * per_token
+    )
+    assert [(r["batch"], r["context_len"]) for r in rows] == [(1, 16), (1, 32), (2, 16)]
+    assert all(r["kv_bytes"] <= 32 * per_token for r in rows)
