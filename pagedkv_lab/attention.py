@@ -402,8 +402,11 @@ if triton is not None:
         lse_offs = (seq * num_heads + heads) * num_parts + part
         tl.store(lse_ptr + lse_offs, lse, mask=g_ok)
 
-def _check_triton_args(q, k_cache, v_cache, block_tables, context_lens) -> None:
-    """What the Triton kernel needs; metadata only, so it never waits for a GPU."""
+def _check_triton_args(
+    q, k_cache, v_cache, block_tables, context_lens, any_block: bool = False
+) -> None:
+    """What the Triton kernels need; metadata only, so it never waits for a GPU.
+    ``any_block``: the kernel takes any block size (the tiled one does)."""
     if triton is None:
         raise RuntimeError(
             "Triton is not installed (it ships for Linux); use paged_decode_torch"
@@ -414,7 +417,7 @@ def _check_triton_args(q, k_cache, v_cache, block_tables, context_lens) -> None:
             "before importing triton"
         )
     _, block_size, _, head_dim = k_cache.shape
-    if block_size & (block_size - 1) or head_dim > 256:
+    if (block_size & (block_size - 1) and not any_block) or head_dim > 256:
         raise ValueError(
             "the kernel needs a power-of-two block size and head_dim <= 256, "
             f"got {block_size} and {head_dim}"
@@ -566,6 +569,215 @@ def paged_prefill_triton(
         block_tables, context_lens, query_start_loc, q.shape[0]
     )
     return paged_decode_triton(q, k_cache, v_cache, tables, lens, scale, check=False)
+
+if triton is not None:
+
+    @triton.jit
+    def _find_sequence(query_start_ptr, num_seqs, pid, BLOCK_Q: tl.constexpr):
+        """The sequence whose query blocks include program ``pid``: the last
+        ``i`` with ``query_start[i] // BLOCK_Q + i <= pid`` (binary search)."""
+        lo = 0
+        hi = num_seqs  # the answer lies in [lo, hi)
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            if tl.load(query_start_ptr + mid) // BLOCK_Q + mid <= pid:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+if triton is not None:
+
+    @triton.jit
+    def _dot(a, b, UPCAST: tl.constexpr):
+        """``a @ b`` on the tensor cores with fp32 accumulation; in true fp32
+        when ``UPCAST`` (fp32 data, and the interpreter, whose bf16 is wrong)."""
+        if UPCAST:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        return tl.dot(a, b)
+
+    @triton.jit
+    def _online_softmax_step(s, v, m, norm, acc, UPCAST: tl.constexpr):
+        """One tile of the recurrence, in base 2. ``s`` [BLOCK_M, TILE_N]: scores
+        times log2(e), -inf where a key is not visible; ``v`` [TILE_N, DIM_PAD]."""
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # a row that has seen no key yet keeps m = -inf: shift it by 0, not -inf
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - shift)
+        p = tl.exp2(s - shift[:, None])
+        pv = _dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
+        return m_new, norm * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
+
+if triton is not None:
+
+    @triton.jit
+    def _tiled_attention_kernel(
+        q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, query_start_ptr,
+        out_ptr, lse_ptr,
+        qk_scale,  # the softmax scale times log2(e)
+        num_seqs,
+        stride_q_tok, stride_q_head,
+        stride_k_block, stride_k_slot, stride_k_head,
+        stride_bt_seq, stride_bt_block, stride_len,
+        stride_o_tok, stride_o_head, stride_o_seg,
+        stride_lse_tok, stride_lse_head,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+        HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        TILE_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr, UPCAST: tl.constexpr,
+    ):  # fmt: skip
+        # grid (query blocks, KV heads, segments); one program: BLOCK_Q positions
+        # x GROUP heads (BLOCK_M rows) against one segment of the keys they see
+        pid, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        seq = _find_sequence(query_start_ptr, num_seqs, pid, BLOCK_Q)
+        q_start = tl.load(query_start_ptr + seq)
+        q_len = tl.load(query_start_ptr + seq + 1) - q_start
+        first_q = (pid - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+        if first_q >= q_len:  # a spare program of the static grid
+            return
+        context_len = tl.load(context_lens_ptr + seq * stride_len)
+        prefix = context_len - q_len  # keys cached before this step's queries
+
+        BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
+        r = tl.arange(0, BLOCK_M)
+        q_local = first_q + r // GROUP_PAD  # row -> (query position, head)
+        heads = kv_head * GROUP + r % GROUP_PAD
+        row_ok = (q_local < q_len) & (r % GROUP_PAD < GROUP)
+        tokens = q_start + q_local
+        d = tl.arange(0, DIM_PAD)
+        q_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
+        q_offs = tokens[:, None] * stride_q_tok + heads[:, None] * stride_q_head
+        q = tl.load(q_ptr + q_offs + d[None, :], mask=q_mask, other=0.0)
+        position = prefix + q_local  # a row sees the keys at positions <= its own
+
+        # the keys any row here sees, in tiles, split evenly among the segments
+        kv_len = tl.minimum(context_len, prefix + first_q + BLOCK_Q)
+        num_tiles = tl.cdiv(kv_len, TILE_N)
+        per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
+        tile_lo = segment * per_segment
+        tile_hi = tl.minimum(tile_lo + per_segment, num_tiles)
+
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (base 2)
+        norm = tl.zeros([BLOCK_M], tl.float32)  # running sum of 2^(s - m)
+        acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)  # sum of 2^(s - m) v
+        n = tl.arange(0, TILE_N)
+        table = block_tables_ptr + seq * stride_bt_seq
+        for tile in range(tile_lo, tile_hi):
+            key_pos = tile * TILE_N + n
+            key_ok = key_pos < kv_len
+            # every key's slot through the block table: a tile spans several blocks
+            block_ptrs = table + (key_pos // BLOCK_SIZE) * stride_bt_block
+            block = tl.load(block_ptrs, mask=key_ok).to(tl.int64)
+            slot = block * stride_k_block + (key_pos % BLOCK_SIZE) * stride_k_slot
+            kv_offs = (slot + kv_head * stride_k_head)[:, None] + d[None, :]
+            kv_mask = key_ok[:, None] & (d < HEAD_DIM)[None, :]
+            k = tl.load(k_ptr + kv_offs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptr + kv_offs, mask=kv_mask, other=0.0)
+            s = _dot(q, tl.trans(k), UPCAST) * qk_scale
+            visible = (key_pos[None, :] <= position[:, None]) & key_ok[None, :]
+            s = tl.where(visible, s, float("-inf"))
+            m, norm, acc = _online_softmax_step(s, v, m, norm, acc, UPCAST)
+
+        nonempty = norm > 0  # a segment past a short sequence's keys has none
+        safe_norm = tl.where(nonempty, norm, 1.0)
+        out_offs = (
+            tokens[:, None] * stride_o_tok
+            + heads[:, None] * stride_o_head
+            + segment * stride_o_seg
+            + d[None, :]
+        )
+        out = (acc / safe_norm[:, None]).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + out_offs, out, mask=q_mask)
+        if NUM_SEGMENTS > 1:  # the merge needs each segment's lse (natural log)
+            lse = (m + tl.log2(safe_norm)) * 0.6931471805599453
+            lse = tl.where(nonempty, lse, float("-inf"))
+            lse_offs = tokens * stride_lse_tok + heads * stride_lse_head + segment
+            tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
+
+#: (rows per program, keys per tile) by launch: a decode step has one query per
+#: sequence, so its programs take 16 rows (tl.dot's least); a prefill fills 64.
+#: A first guess, to be tuned on each GPU (`python -m pagedkv_lab.bench kernel`).
+TILE_SIZES = {"decode": (16, 64), "prefill": (64, 64)}
+
+
+def tiled_segments(num_programs: int, max_tiles: int, device: torch.device) -> int:
+    """KV segments per query block: enough programs to cover a GPU's
+    multiprocessors twice when the batch alone does not, at most 16 and never
+    more than a sequence's tiles; 1 where programs do not run in parallel."""
+    if device.type != "cuda" or num_programs <= 0:
+        return 1
+    want = 2 * _multiprocessors(device.index or 0)
+    if num_programs >= want:
+        return 1
+    return max(1, min(16, max_tiles, -(-want // num_programs)))
+
+
+def paged_attention_tiled(
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    query_start_loc=None,
+    scale: float | None = None,
+    num_segments: int | None = None,
+    tile_sizes: tuple[int, int] | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """Paged attention with the tiled Triton kernel, decode and prefill alike.
+
+    Without ``query_start_loc``: decode, one query per sequence (the contract of
+    `paged_decode_torch`); with it, causal varlen prefill (`paged_prefill_torch`),
+    prefix-cache hits and chunks included. ``num_segments`` and ``tile_sizes``
+    override `tiled_segments` and `TILE_SIZES`. Launches one kernel (and a
+    merge when the keys are split); reads nothing back from the GPU.
+    """
+    _check_triton_args(q, k_cache, v_cache, block_tables, context_lens, any_block=True)
+    decode = query_start_loc is None
+    if check and decode:
+        _check_paged_args(q, k_cache, v_cache, block_tables, context_lens)
+    elif check:
+        _check_prefill_args(
+            q, k_cache, v_cache, block_tables, context_lens, query_start_loc
+        )
+    num_tokens, heads, head_dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    num_seqs = block_tables.shape[0]
+    if not num_tokens:
+        return q.new_empty(q.shape)
+    if decode:
+        query_start_loc = torch.arange(num_seqs + 1, device=q.device)
+    group = heads // kv_heads
+    group_pad = triton.next_power_of_2(group)
+    block_m, tile_n = tile_sizes or TILE_SIZES["decode" if decode else "prefill"]
+    block_q = max(1, max(block_m, 16) // group_pad)
+    num_blocks_q = num_tokens // block_q + num_seqs
+    if num_segments is None:
+        max_tiles = -(-block_tables.shape[1] * block_size // tile_n)
+        num_segments = tiled_segments(num_blocks_q * kv_heads, max_tiles, q.device)
+    if num_segments == 1:  # the program's answer is final: store it in q's dtype
+        out = _new_buffer((num_tokens, heads, 1, head_dim), q.dtype, q.device)
+        lse = out  # not written
+    else:
+        shape = (num_tokens, heads, num_segments)
+        out = _new_buffer((*shape, head_dim), torch.float32, q.device)
+        lse = _new_buffer(shape, torch.float32, q.device)
+    scale = scale if scale is not None else 1 / math.sqrt(head_dim)
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    _tiled_attention_kernel[(num_blocks_q, kv_heads, num_segments)](
+        q, k_cache, v_cache, block_tables, context_lens, query_start_loc, out, lse,
+        scale * 1.4426950408889634, num_seqs,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), block_tables.stride(1), context_lens.stride(0),
+        out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,
+        HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, TILE_N=max(16, tile_n), NUM_SEGMENTS=num_segments,
+        UPCAST=interpreting or q.dtype == torch.float32,
+    )  # fmt: skip
+    if num_segments == 1:
+        return out[:, :, 0]
+    return merge_partial_attention(out, lse).to(q.dtype)
 
 # the kernel's source ships inside the package (package data)
 CSRC = Path(
@@ -735,13 +947,13 @@ def paged_decode(
     workspace: dict | None = None,
     check: bool = True,
 ) -> torch.Tensor:
-    """Decode attention on the best path for the device: the Triton kernel on
-    CUDA, the C++ kernel on a CPU, PyTorch otherwise."""
+    """Decode attention on the best path for the device: the tiled Triton
+    kernel on CUDA, the C++ kernel on a CPU, PyTorch otherwise."""
     if check:
         _check_paged_args(q, k_cache, v_cache, block_tables, context_lens)
     if q.device.type == "cuda" and triton is not None:
-        return paged_decode_triton(
-            q, k_cache, v_cache, block_tables, context_lens, scale, check=False
+        return paged_attention_tiled(
+            q, k_cache, v_cache, block_tables, context_lens, scale=scale, check=False
         )
     if q.device.type == "cpu":
         out = paged_attention_cpu(
@@ -765,21 +977,21 @@ def paged_prefill(
     check: bool = True,
 ) -> torch.Tensor:
     """Causal varlen prefill on the best path, all sequences in one call: the
-    Triton kernel on CUDA, the C++ kernel on a CPU, `paged_prefill_torch`
+    tiled Triton kernel on CUDA, the C++ kernel on a CPU, `paged_prefill_torch`
     otherwise. Same arguments; ``check`` as in `paged_decode`."""
     if check:
         _check_prefill_args(
             q, k_cache, v_cache, block_tables, context_lens, query_start_loc
         )
     if q.device.type == "cuda" and triton is not None:
-        return paged_prefill_triton(
+        return paged_attention_tiled(
             q,
             k_cache,
             v_cache,
             block_tables,
             context_lens,
             query_start_loc,
-            scale,
+            scale=scale,
             check=False,
         )
     if q.device.type == "cpu":

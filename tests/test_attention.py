@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pagedkv_lab import attention
 from pagedkv_lab.attention import (
     merge_partial_attention,
+    paged_attention_tiled,
     paged_decode,
     paged_decode_torch,
     paged_decode_triton,
@@ -335,6 +336,93 @@ def test_triton_prefill_matches_float64(poisoned, shape):
     torch.testing.assert_close(out.double().cpu(), ref, atol=2e-5 * scale, rtol=0)
 
 
+tiled_shapes = st.tuples(
+    st.integers(1, 4),  # seqs
+    st.sampled_from([(4, 4), (8, 2), (6, 1), (2, 1), (12, 4), (32, 8)]),  # heads
+    st.sampled_from([16, 24, 64, 80, 128]),  # head_dim
+    st.sampled_from([1, 5, 8, 16, 32, 128]),  # block size: any, not only 2^k
+    st.integers(1, 5),  # max blocks per sequence
+)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    tiled_shapes,
+    st.sampled_from(list(TOLERANCE)),
+    st.integers(0, 2**31 - 1),
+    st.booleans(),
+    st.sampled_from([None, 1, 2, 5]),  # KV segments
+    st.sampled_from([None, (16, 16), (32, 64)]),  # (rows, keys) per program
+)
+def test_tiled_decode_matches_float64(
+    poisoned, shape, dtype, seed, share, segments, tile_sizes
+):
+    seqs, (heads, kvh), head_dim, bs, mb = shape
+    q, k, v, tables, lens = problem(
+        seed, seqs, heads, kvh, head_dim, bs, mb, dtype, share
+    )
+    ref = reference_paged_attention(q, k, v, tables, lens)
+    out = paged_attention_tiled(
+        *on_device(q, k, v, tables, lens),
+        num_segments=segments,
+        tile_sizes=tile_sizes,
+    )
+    assert out.dtype == dtype and out.shape == q.shape and out.isfinite().all()
+    assert (out.double().cpu() - ref).abs().max() <= TOLERANCE[dtype] * max(
+        1.0, ref.abs().max().item()
+    )
+
+
+@pytest.mark.parametrize("segments", [None, 3])
+@pytest.mark.parametrize("shape", PREFILL_SHAPES + [([2, 40, 1], [0, 3, 60], 6, 2, 24, 5)])
+def test_tiled_prefill_matches_float64(poisoned, shape, segments):
+    """Chunks after cached prefixes, sequences with no new tokens, block size 5."""
+    q, k, v, tables, ctx, starts = prefill_problem(3, *shape, torch.float32)
+    ref = reference_paged_attention(q, k, v, tables, ctx, starts)
+    out = paged_attention_tiled(
+        *on_device(q, k, v, tables, ctx, starts), num_segments=segments
+    )
+    assert out.shape == q.shape and out.dtype == q.dtype and out.isfinite().all()
+    scale = max([1.0, *ref.abs().flatten().tolist()])
+    torch.testing.assert_close(out.double().cpu(), ref, atol=2e-5 * scale, rtol=0)
+
+
+def test_tiled_kernel_checks_its_arguments():
+    q, k, v, tables, lens = on_device(*problem(0, 2, 4, 2, 64, 5, 3))
+    with pytest.raises(ValueError, match="head_dim <= 256"):
+        big = torch.zeros(1, 5, 2, 320, device=DEVICE)
+        paged_attention_tiled(q.new_zeros(2, 4, 320), big, big, tables, lens)
+    with pytest.raises(ValueError, match="share one of"):
+        paged_attention_tiled(q.half(), k, v, tables, lens)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        paged_attention_tiled(q, k, v, tables, lens, torch.tensor([0, 1], device=DEVICE))
+    empty = paged_attention_tiled(
+        q[:0], k, v, tables[:0], lens[:0], torch.zeros(1, dtype=torch.long, device=DEVICE)
+    )
+    assert empty.shape == (0, 4, 64)
+
+
+def test_the_tiled_grid_covers_every_query_once():
+    """The program numbering the kernel's binary search inverts, in Python."""
+    g = torch.Generator().manual_seed(1)
+    for block_q in (1, 2, 4, 16):
+        for _ in range(20):
+            n = int(torch.randint(1, 9, (1,), generator=g))
+            q_lens = torch.randint(0, 40, (n,), generator=g).tolist()
+            starts = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+            first = [s // block_q + i for i, s in enumerate(starts[:-1])]
+            seen = []
+            for pid in range(starts[-1] // block_q + n):
+                seq = max(i for i, b in enumerate(first) if b <= pid)
+                lo = (pid - first[seq]) * block_q
+                seen += [(seq, j) for j in range(lo, min(lo + block_q, q_lens[seq]))]
+            assert sorted(seen) == [(i, j) for i, m in enumerate(q_lens) for j in range(m)]
+
+
 def test_prefill_rows_are_decode_problems_with_causal_lengths():
     tables = torch.arange(12, dtype=torch.int32).reshape(3, 4)
     ctx, starts = torch.tensor([4, 9, 6]), torch.tensor([0, 2, 2, 5])
@@ -370,10 +458,10 @@ def test_triton_prefill_on_cuda_matches_float64(shape, dtype):
     q, k, v, tables, ctx, starts = prefill_problem(5, *shape, dtype)
     ref = reference_paged_attention(q, k, v, tables, ctx, starts)
     args = [t.cuda() for t in (q, k, v, tables, ctx, starts)]
-    out = paged_prefill_triton(*args)
-    assert out.dtype == dtype and out.isfinite().all()
     scale = max([1.0, *ref.abs().flatten().tolist()])
     atol = TOLERANCE[dtype] * scale
-    torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=0)
-    # the dispatcher takes the same path on CUDA
+    for out in (paged_prefill_triton(*args), paged_attention_tiled(*args)):
+        assert out.dtype == dtype and out.isfinite().all()
+        torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=0)
+    # the dispatcher takes the tiled kernel on CUDA
     assert torch.equal(paged_prefill(*args), out)

@@ -9,6 +9,7 @@ import torch
 from reference import greedy_alone
 
 from pagedkv_lab.attention import (
+    paged_attention_tiled,
     paged_decode,
     paged_decode_triton,
     paged_prefill,
@@ -95,7 +96,20 @@ def test_triton_decode_compiled_matches_float64(shape, dtype, blocks_per_part):
     args = [t.cuda() for t in (q, k, v, tables, lens)]
     out = paged_decode_triton(*args, blocks_per_part=blocks_per_part)
     close_to_reference(out, ref, dtype)
-    if blocks_per_part is None:
+
+
+@pytest.mark.parametrize("dtype", dtypes())
+@pytest.mark.parametrize("shape", DECODE_SHAPES)
+@pytest.mark.parametrize("segments", [None, 1, 3, 16])
+@pytest.mark.parametrize("tile_sizes", [None, (64, 32), (16, 128)])
+def test_tiled_decode_compiled_matches_float64(shape, dtype, segments, tile_sizes):
+    ctx, heads, kvh, hd, bs = shape
+    q, k, v, tables, lens, _ = paged_problem(0, ctx, None, heads, kvh, hd, bs, dtype)
+    ref = reference_paged_attention(q, k, v, tables, lens)
+    args = [t.cuda() for t in (q, k, v, tables, lens)]
+    out = paged_attention_tiled(*args, num_segments=segments, tile_sizes=tile_sizes)
+    close_to_reference(out, ref, dtype)
+    if segments is None and tile_sizes is None:
         assert torch.equal(paged_decode(*args), out)  # the dispatcher's path
 
 
@@ -105,6 +119,8 @@ PREFILL_SHAPES = [
     ([9, 70, 33], [0, 70, 2], 8, 2, 64, 32),  # no new tokens; a whole prompt
     ([300, 5, 130], [150, 5, 1], 6, 1, 128, 16),
     ([600], [600], 8, 8, 64, 8),  # one long prompt, MHA
+    ([1000, 1, 7, 2000], [1000, 1, 1, 1500], 32, 8, 128, 16),  # Llama-3-8B's heads
+    ([45, 90], [40, 2], 4, 2, 64, 5),  # block size 5: the tiled kernel only
 ]
 
 
@@ -117,9 +133,13 @@ def test_triton_prefill_compiled_matches_float64(shape, dtype):
     )
     ref = reference_paged_attention(q, k, v, tables, lens, starts)
     args = [t.cuda() for t in (q, k, v, tables, lens, starts)]
-    out = paged_prefill_triton(*args)
-    close_to_reference(out, ref, dtype)
-    assert torch.equal(paged_prefill(*args), out)  # the dispatcher's path
+    if bs & (bs - 1) == 0:  # the first kernel takes power-of-two blocks only
+        close_to_reference(paged_prefill_triton(*args), ref, dtype)
+    for segments in (None, 4):
+        out = paged_attention_tiled(*args, num_segments=segments)
+        close_to_reference(out, ref, dtype)
+        if segments is None:
+            assert torch.equal(paged_prefill(*args), out)  # the dispatcher's path
 
 
 def test_kernels_never_wait_for_the_gpu():
