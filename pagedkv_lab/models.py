@@ -68,13 +68,21 @@ def _bytes_to_unicode() -> list[str]:
     return chars
 
 
+#: `build_tokenizer` reserves special tokens up to this many past the bytes.
+MAX_RESERVED_TOKENS = 4096
+
+
 @lru_cache(maxsize=4)
 def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
     """A byte-level tokenizer that needs no download: one token per UTF-8 byte.
 
     Ids: 0 ``<pad>``, 1 ``<s>`` (prepended to every encoded text), 2 ``</s>``,
-    3..258 the bytes 0..255, then reserved tokens up to ``vocab_size`` so that the
-    tokenizer covers every id the model can produce (they decode to nothing).
+    3..258 the bytes 0..255, then reserved special tokens up to ``vocab_size`` so
+    that the tokenizer covers every id the model can produce (they decode to
+    nothing with ``skip_special_tokens``). A vocabulary over
+    `MAX_RESERVED_TOKENS` (a real model's shape: 32,000-152,000) gets none,
+    because transformers takes minutes to register that many special tokens;
+    ids past the bytes then decode to nothing at all.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -84,7 +92,8 @@ def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
         )
     vocab = {PAD: 0, BOS: 1, EOS: 2}
     vocab.update({ch: b + _NUM_SPECIAL for b, ch in enumerate(_bytes_to_unicode())})
-    reserved = [f"<reserved_{i}>" for i in range(vocab_size - len(vocab))]
+    extra = vocab_size - len(vocab)
+    reserved = [f"<reserved_{i}>" for i in range(extra * (extra <= MAX_RESERVED_TOKENS))]
     vocab.update({tok: len(vocab) + i for i, tok in enumerate(reserved)})
     core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(
@@ -117,11 +126,20 @@ def load_model(
 
     ``name`` is an offline model (``"tiny-llama"``, ``"small-llama"``,
     ``"tiny-qwen2"``, ``"small-qwen2"``, ``"tiny-mistral"``: seeded random weights, so the same seed
-    always gives the same model), a Hugging Face checkpoint name, which needs a
-    network the first time (``local_files_only=True``: only the local Hub cache),
-    or the path of a checkpoint saved with ``save_pretrained``.
+    always gives the same model), a real model's shape from
+    ``configs/real_models.json`` (``"Llama-3-8B"``, ``"Qwen2.5-0.5B"``, ...: the
+    checkpoint's architecture with seeded random weights, built on ``device``,
+    bf16 by default on a GPU; vLLM's ``load_format="dummy"``), a Hugging Face
+    checkpoint name, which needs a network the first time
+    (``local_files_only=True``: only the local Hub cache), or the path of a
+    checkpoint saved with ``save_pretrained``.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
+    if name in real_model_shapes():
+        model = _random_model(real_model_shapes()[name], seed, dtype, device)
+        tokenizer = build_tokenizer(model.config.vocab_size)
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        return model.eval(), tokenizer
     if name in OFFLINE_MODELS:
         config = offline_config(name)
         gen = torch.random.fork_rng(
@@ -153,6 +171,36 @@ def load_model(
         model = model.to(dtype)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(device).eval(), tokenizer
+
+
+def real_model_shapes() -> dict[str, PretrainedConfig]:
+    """Real checkpoints' architectures (`kvmath.real_model_configs`) that
+    `load_model` builds with random weights, by name."""
+    from .kvmath import real_model_configs
+
+    return real_model_configs()
+
+
+def _random_model(
+    config: PretrainedConfig,
+    seed: int,
+    dtype: torch.dtype | None,
+    device: torch.device,
+) -> PreTrainedModel:
+    """A model of ``config``'s shape with seeded random weights, allocated and
+    initialised on ``device``: on a GPU an 8B model takes seconds; on a CPU
+    initialisation runs at tens of millions of weights a second (a 0.5B model
+    takes about a minute on 2 cores); on ``"meta"`` nothing is allocated."""
+    if dtype is None:
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        dtype = torch.bfloat16 if bf16 else torch.float32
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(seed)
+        if device.type == "cpu":  # the default device: no context (it slows init)
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
 def count_parameters(model: torch.nn.Module) -> int:

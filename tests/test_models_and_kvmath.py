@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from pagedkv_lab import models
 from pagedkv_lab.device import by_device, device_report, pick_device, triton_mode
 from pagedkv_lab.kvmath import (
     KVSpec,
@@ -125,3 +126,28 @@ def test_device_helpers():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA device"):
             pick_device("cuda")
+
+
+@pytest.mark.parametrize("name", sorted(models.real_model_shapes()))
+def test_real_model_shapes_build_at_their_parameter_count(name):
+    """On the meta device nothing is allocated: an 8B or 70B shape builds here too."""
+    model, tokenizer = models.load_model(name, device="meta")
+    config = models.real_model_shapes()[name]
+    assert models.count_parameters(model) == count_parameters_from_config(config)
+    assert next(model.parameters()).device.type == "meta"
+    assert tokenizer.pad_token_id is not None
+
+
+def test_random_weights_at_a_real_shape_are_seeded_and_take_the_dtype():
+    config = models.real_model_shapes()["Qwen2.5-0.5B"]
+    config.num_hidden_layers, config.vocab_size = 1, 1024  # small enough for a test
+    cpu = torch.device("cpu")
+    a = models._random_model(config, 3, None, cpu)
+    b = models._random_model(config, 3, None, cpu)
+    c = models._random_model(config, 4, torch.bfloat16, cpu)
+    assert a.dtype == torch.float32 and c.dtype == torch.bfloat16
+    pairs = list(zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(x, y) for x, y in pairs)
+    assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight.float())
+    logits = a(input_ids=torch.tensor([[1, 5, 9]])).logits
+    assert logits.shape == (1, 3, 1024) and logits.isfinite().all()

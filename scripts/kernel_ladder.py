@@ -1,0 +1,263 @@
+"""Issue 23's measurements in one run: every attention kernel checked, then timed.
+
+    python scripts/kernel_ladder.py --out kernel-report      # on a CUDA GPU, ~5 min on an H100
+    python scripts/kernel_ladder.py --smoke                  # tiny sizes: checks the script itself
+
+1. Correctness, compiled: the PyTorch path, the first Triton kernel and the tiled
+   kernel against float64 on odd shapes, fp16 and bf16, decode and prefill.
+2. Decode: `bench.kernel_benchmark` for fp16 and bf16, blocks of 16 and 32, batch
+   1-256, context 512-16384 (rows over 4 GiB of K/V left out): each kernel's time
+   against contiguous SDPA over the same K/V, and its bandwidth against a copy.
+3. Prefill: a Llama-3-8B-shaped model (random weights, bf16), 128 prompts of 1,000
+   tokens: the engine's prefill (`LLM.generate`, one new token) against
+   transformers' own SDPA forward of the same prompts, in the same run.
+4. A table of the issue's targets, last: decode paged/contiguous <= 1.15 at batch
+   >= 8 and context >= 1024; >= 80% of the copy bandwidth at batch >= 64 and
+   context >= 4096; engine prefill >= transformers' forward.
+
+Every section runs even when an earlier one failed; results go to
+``--out``/results.json and the table to ``--out``/summary.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from pagedkv_lab import attention
+from pagedkv_lab.attention import (
+    paged_attention_tiled,
+    paged_decode_torch,
+    paged_decode_triton,
+    paged_prefill_torch,
+    paged_prefill_triton,
+    reference_paged_attention,
+)
+from pagedkv_lab.bench import kernel_benchmark, print_kernel_table
+from pagedkv_lab.device import device_report
+
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def paged_problem(seed, ctx, new, heads, kv_heads, head_dim, block_size, dtype, device):
+    """Shuffled blocks, -1 past each table's end; ``new``: queries per sequence (None: decode)."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-c // block_size) for c in ctx]
+    num_blocks = sum(need) + 3
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k = torch.randn(shape, generator=g).to(dtype)
+    v = torch.randn(shape, generator=g).to(dtype)
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    tables = torch.full((len(ctx), max(need) + 1), -1, dtype=torch.int32)
+    for i, n in enumerate(need):
+        tables[i, :n] = torch.tensor(order[:n], dtype=torch.int32)
+        order = order[n:]
+    starts = None if new is None else torch.tensor([0, *new]).cumsum(0)
+    q = torch.randn(len(ctx) if new is None else sum(new), heads, head_dim, generator=g)
+    q = q.to(dtype)
+    ref = reference_paged_attention(q, k, v, tables, torch.tensor(ctx), starts)
+    args = [t.to(device) for t in (q, k, v, tables, torch.tensor(ctx))]
+    return args + ([] if starts is None else [starts.to(device)]), ref
+
+
+def check_kernels(device, smoke: bool) -> list[dict]:
+    """Each kernel against float64, with output buffers poisoned with NaN."""
+    attention._new_buffer = lambda shape, dtype, dev: torch.full(
+        shape, float("nan"), dtype=dtype, device=dev
+    )
+    dtypes = [torch.float32] if device.type != "cuda" else [torch.float16, torch.bfloat16]
+    decode = [([1, 17, 1000, 4097], 32, 8, 128, 16), ([5, 300], 6, 1, 80, 32)]
+    prefill = [([1000, 40, 7], [1000, 1, 7], 32, 8, 128, 16), ([45, 90], [40, 2], 4, 2, 64, 32)]
+    if smoke:
+        decode = [([1, 17, 40], 4, 2, 64, 16)]
+        prefill = [([20, 3], [20, 1], 4, 2, 64, 16)]
+    rows = []
+    for dtype in dtypes:
+        for shape in decode:
+            args, ref = paged_problem(0, *shape[:1], None, *shape[1:], dtype, device)
+            kernels = {
+                "torch": lambda a: paged_decode_torch(*a),
+                "first triton": lambda a: paged_decode_triton(*a),
+                "tiled": lambda a: paged_attention_tiled(*a),
+                "tiled, 8 segments": lambda a: paged_attention_tiled(*a, num_segments=8),
+            }
+            rows += _compare(kernels, args, ref, dtype, "decode", shape)
+        for shape in prefill:
+            args, ref = paged_problem(1, *shape[:2], *shape[2:], dtype, device)
+            kernels = {
+                "torch": lambda a: paged_prefill_torch(*a),
+                "first triton": lambda a: paged_prefill_triton(*a),
+                "tiled": lambda a: paged_attention_tiled(*a),
+            }
+            rows += _compare(kernels, args, ref, dtype, "prefill", shape)
+    attention._new_buffer = _NEW_BUFFER
+    return rows
+
+
+_NEW_BUFFER = attention._new_buffer
+
+
+def _compare(kernels, args, ref, dtype, kind, shape) -> list[dict]:
+    rows = []
+    scale = max(1.0, ref.abs().max().item())
+    for name, fn in kernels.items():
+        out = fn(args)
+        err = (out.double().cpu() - ref).abs().max().item()
+        ok = bool(out.isfinite().all()) and err < TOLERANCE[dtype] * scale
+        rows.append(
+            {"kind": kind, "kernel": name, "dtype": str(dtype)[6:], "shape": str(shape),
+             "max_error": err, "ok": ok}
+        )  # fmt: skip
+        print(f"  {kind:7} {name:18} {str(dtype)[6:]:8} {'ok' if ok else 'FAIL'} {err:.1e}")
+    return rows
+
+
+def decode_grid(device, smoke: bool) -> list[dict]:
+    cuda = device.type == "cuda"
+    dtypes = (torch.float16, torch.bfloat16) if cuda else (torch.float32,)
+    batches = (1, 8, 64, 256) if not smoke else (1, 4)
+    contexts = (512, 1024, 4096, 16384) if not smoke else (64, 256)
+    rows = []
+    for dtype in dtypes:
+        for block_size in (16, 32):
+            print(f"\n{str(dtype)[6:]}, block size {block_size}")
+            part = kernel_benchmark(
+                device, batches, contexts, block_size=block_size, dtype=dtype,
+                repeats=20 if not smoke else 3,
+            )  # fmt: skip
+            print_kernel_table(part)
+            for r in part:
+                r["dtype"], r["block_size"] = str(dtype)[6:], block_size
+            rows += part
+    return rows
+
+
+def prefill_comparison(device, smoke: bool) -> dict:
+    """Engine prefill against transformers' SDPA forward of the same prompts."""
+    from pagedkv_lab import LLM, SamplingParams
+    from pagedkv_lab.models import load_model
+
+    name, num, length = ("Llama-3-8B", 128, 1000) if not smoke else ("tiny-llama", 4, 40)
+    t0 = time.perf_counter()
+    model, tokenizer = load_model(name, device=device)
+    model.config._attn_implementation = "sdpa"
+    built = time.perf_counter() - t0
+    g = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    prompts = torch.randint(3, vocab, (num, length), generator=g)
+    chunk = 16 if not smoke else num  # transformers' forward, 16 prompts at a time
+
+    def hf_forward():
+        with torch.inference_mode():
+            for i in range(0, num, chunk):
+                ids = prompts[i : i + chunk].to(device)
+                model(input_ids=ids, logits_to_keep=1, use_cache=False)
+        _sync(device)
+
+    hf_forward()  # warm-up
+    t0 = time.perf_counter()
+    hf_forward()
+    hf_seconds = time.perf_counter() - t0
+
+    llm = LLM((model, tokenizer), kv_cache_memory=0.85 if device.type == "cuda" else 2**26)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    ids = prompts.tolist()
+    llm.generate(ids[:chunk], params, use_tqdm=False)  # warm-up: compiles the kernels
+    _sync(device)
+    t0 = time.perf_counter()
+    llm.generate(ids, params, use_tqdm=False)
+    _sync(device)
+    engine_seconds = time.perf_counter() - t0
+    tokens = num * length
+    result = {
+        "model": name, "dtype": str(model.dtype)[6:], "prompts": num, "length": length,
+        "build_seconds": built,
+        "hf_sdpa_tokens_per_s": tokens / hf_seconds,
+        "engine_tokens_per_s": tokens / engine_seconds,
+        "engine_over_hf": hf_seconds / engine_seconds,
+    }  # fmt: skip
+    print(json.dumps(result, indent=1))
+    return result
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def summary(results: dict) -> list[str]:
+    lines = ["", f"{'target':68} {'measured':>12}  verdict"]
+
+    def line(what, value, ok):
+        shown = "n/a" if value is None else value
+        verdict = "n/a" if ok is None else ("meets" if ok else "MISSES")
+        lines.append(f"{what:68} {shown:>12}  {verdict}")
+
+    checks = results.get("checks") or []
+    line("every kernel within tolerance of float64", f"{sum(r['ok'] for r in checks)}/{len(checks)}",
+         bool(checks) and all(r["ok"] for r in checks))  # fmt: skip
+    rows = results.get("decode") or []
+    for dtype in sorted({r["dtype"] for r in rows}):
+        for bs in sorted({r["block_size"] for r in rows}):
+            mine = [r for r in rows if r["dtype"] == dtype and r["block_size"] == bs]
+            ratio = [r["paged_over_contiguous"] for r in mine
+                     if r["batch"] >= 8 and r["context_len"] >= 1024]  # fmt: skip
+            first = [r.get("first_triton_over_contiguous", math.nan) for r in mine
+                     if r["batch"] >= 8 and r["context_len"] >= 1024]  # fmt: skip
+            bw = [r["fraction_of_copy"] for r in mine
+                  if r["batch"] >= 64 and r["context_len"] >= 4096 and "fraction_of_copy" in r]  # fmt: skip
+            tag = f"{dtype}, block {bs}"
+            line(f"decode {tag}: worst tiled/contiguous (<= 1.15)",
+                 f"{max(ratio):.2f}" if ratio else None, max(ratio) <= 1.15 if ratio else None)  # fmt: skip
+            line(f"decode {tag}: worst first-kernel/contiguous (before)",
+                 f"{max(first):.2f}" if first else None, None)  # fmt: skip
+            line(f"decode {tag}: least fraction of copy bandwidth (>= 80%)",
+                 f"{min(bw):.0%}" if bw else None, min(bw) >= 0.8 if bw else None)  # fmt: skip
+    pre = results.get("prefill")
+    line("prefill: engine / transformers SDPA tokens per second (>= 1)",
+         f"{pre['engine_over_hf']:.2f}" if pre else None, pre["engine_over_hf"] >= 1 if pre else None)  # fmt: skip
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="kernel-report")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device")
+    parser.add_argument("--sections", nargs="+", default=["checks", "decode", "prefill"])
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.smoke:
+        print("no CUDA GPU: run with --smoke to check the script on this machine")
+        return 1
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict = {"device": device_report(device), "failed": []}
+    print(" | ".join(f"{k} {v}" for k, v in results["device"].items()))
+    sections = {"checks": check_kernels, "decode": decode_grid, "prefill": prefill_comparison}
+    for name in args.sections:
+        print(f"\n== {name}")
+        t0 = time.perf_counter()
+        try:
+            results[name] = sections[name](device, args.smoke)
+        except Exception:  # every section runs; the failure is reported
+            traceback.print_exc()
+            results["failed"].append(name)
+        print(f"({name}: {time.perf_counter() - t0:.0f} s)")
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    table = summary(results)
+    if results["failed"]:
+        table.append(f"sections that raised: {', '.join(results['failed'])}")
+    (out / "summary.txt").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
