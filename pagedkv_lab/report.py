@@ -172,7 +172,8 @@ def serve_section(
     from .bench import SYSTEMS, find_vllm_python
     from .workloads import uniform_workload
 
-    model = model or "small-llama"
+    # a 30M model is launch-bound on any GPU: a real shape there (random weights)
+    model = model or by_device("small-llama", "Qwen2.5-0.5B", device)
     n = num_requests or by_device(32, 512, device)
     systems = list(SYSTEMS)
     if include_vllm and find_vllm_python(vllm_python) is not None:
