@@ -284,8 +284,8 @@ def print_kernel_table(rows: list[dict]) -> None:
     has_first = "first_triton_ms" in rows[0]
     lines = [
         f"paged = {rows[0]['path']}, torch = PyTorch gather + SDPA"
-        + (", first = the first Triton kernel" if has_first else "")
-        + f"; {str(rows[0]['dtype']).removeprefix('torch.')}; "
+        + (", first = the first Triton kernel" if has_first else ""),
+        f"{str(rows[0]['dtype']).removeprefix('torch.')}; "
         "ratios: time / contiguous SDPA's",
         f"{'batch':>5} {'context':>7} {'contig ms':>10} {'paged ms':>9} "
         f"{'paged/contig':>12} {'torch/contig':>12}"
