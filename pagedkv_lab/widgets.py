@@ -809,7 +809,9 @@ def trace_preemption(
     model, tokenizer = load_model(
         "tiny-llama", dtype=default_dtype(device), device=device
     )
-    per_block = KVSpec.from_config(model.config, model.dtype).bytes_per_token * block_size
+    per_block = (
+        KVSpec.from_config(model.config, model.dtype).bytes_per_token * block_size
+    )
     llm = LLM(
         (model, tokenizer),
         block_size=block_size,
