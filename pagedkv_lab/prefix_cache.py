@@ -325,38 +325,70 @@ class PrefixMatchingBlockManager(BlockManager):
         # A request with output tokens was preempted: its lookup is counted apart.
         self.stats.record(seq.num_tokens, num_cached_tokens, bool(seq.output_token_ids))
 
-REGISTER_WHEN = ("computed", "scheduled")
-
-
-class PrefixCachingBlockManager(PrefixMatchingBlockManager):
-    """A `BlockManager` whose full blocks outlive their sequences as a cache.
-
-    A sequence's full blocks are registered in a `PrefixIndex` once the step
-    that writes them has run (``register="computed"``) or as soon as it is
-    scheduled (``"scheduled"``, so that requests admitted later in the same
-    step hit them). Freed registered blocks wait in the
-    `CachingBlockAllocator`'s cached-free queue. ``free_order`` is the order
-    a finished sequence's blocks join it: ``"tail-first"`` (a request's last
-    blocks, least likely shared, are evicted first) or ``"head-first"``.
-    """
+class PrefixRegisteringBlockManager(PrefixMatchingBlockManager):
+    """`PrefixMatchingBlockManager` plus the writing half: full blocks are
+    registered once computed (`cache_blocks`), and a finished sequence's blocks
+    join the cached-free queue in ``free_order``: ``"tail-first"`` (its last
+    blocks, least likely shared, are evicted first) or ``"head-first"``."""
 
     def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        *,
-        free_order: str = "tail-first",
-        register: str = "computed",
-        **kwargs,
+        self, num_blocks: int, block_size: int, *, free_order="tail-first", **kwargs
     ):
         super().__init__(num_blocks, block_size, **kwargs)
         if free_order not in ("tail-first", "head-first"):
             raise ValueError("free_order must be 'tail-first' or 'head-first'")
+        self.free_order = free_order
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Register ``seq``'s newly full, computed blocks."""
+        self._register(seq, seq.num_computed_tokens)
+
+    def _register(self, seq: Sequence, num_tokens: int) -> list[CachedBlock]:
+        cached = self.allocator.cached
+        new, displaced = self.index.register(
+            seq, seq.block_table.blocks, cached.__contains__, num_tokens
+        )
+        for entry in displaced:
+            if cached.get(entry.block) is entry:
+                self.allocator.uncache(entry.block)
+        for entry in new:
+            cached[entry.block] = entry
+        return new
+
+    def fork(self, parent, child, num_tokens=None):
+        super().fork(parent, child, num_tokens)
+        full = child.block_table.num_tokens // self.block_size
+        self.index.follow(parent, child, full)
+
+    def _free_order(self, blocks: list[int]):
+        return reversed(blocks) if self.free_order == "tail-first" else iter(blocks)
+
+    def free(self, seq: Sequence) -> None:
+        self.index.drop(seq)
+        super().free(seq)
+
+REGISTER_WHEN = ("computed", "scheduled")
+
+
+class PrefixCachingBlockManager(PrefixRegisteringBlockManager):
+    """A `BlockManager` whose full blocks outlive their sequences as a cache.
+
+    A sequence's full blocks are registered in a `PrefixIndex` once the step
+    that writes them has run (``register="computed"``) or as soon as it is
+    scheduled (``"scheduled"``, vLLM v1's moment: requests admitted later in
+    the same step hit them). Freed registered blocks wait in the
+    `CachingBlockAllocator`'s cached-free queue.
+    """
+
+    def __init__(
+        self, num_blocks: int, block_size: int, *, register="computed", **kwargs
+    ):
+        super().__init__(num_blocks, block_size, **kwargs)
         if register not in REGISTER_WHEN:
             raise ValueError(
                 f"register must be one of {REGISTER_WHEN}, got {register!r}"
             )
-        self.free_order, self.register = free_order, register
+        self.register = register
         # Blocks registered for the step being scheduled, not written yet:
         # block -> requests admitted in the same step that hit it.
         self._filling: dict[int, int] = {}
@@ -388,30 +420,9 @@ class PrefixCachingBlockManager(PrefixMatchingBlockManager):
                 self._filling[entry.block] = 0
 
     def cache_blocks(self, seq: Sequence) -> None:
-        """Register ``seq``'s newly full, computed blocks (called after a step:
-        whatever the step was to fill is written now)."""
+        # Called after a step: whatever the step was to fill is written now.
         self._filling.clear()
-        self._register(seq, seq.num_computed_tokens)
-
-    def _register(self, seq: Sequence, num_tokens: int) -> list[CachedBlock]:
-        cached = self.allocator.cached
-        new, displaced = self.index.register(
-            seq, seq.block_table.blocks, cached.__contains__, num_tokens
-        )
-        for entry in displaced:
-            if cached.get(entry.block) is entry:
-                self.allocator.uncache(entry.block)
-        for entry in new:
-            cached[entry.block] = entry
-        return new
-
-    def fork(self, parent, child, num_tokens=None):
-        super().fork(parent, child, num_tokens)
-        full = child.block_table.num_tokens // self.block_size
-        self.index.follow(parent, child, full)
-
-    def _free_order(self, blocks: list[int]):
-        return reversed(blocks) if self.free_order == "tail-first" else iter(blocks)
+        super().cache_blocks(seq)
 
     def free(self, seq: Sequence) -> None:
         # A block registered for a step that will not write it must not be hit.
@@ -420,7 +431,6 @@ class PrefixCachingBlockManager(PrefixMatchingBlockManager):
             if self._filling.pop(block, None) is not None:
                 self.index.forget(self.allocator.cached[block])
                 self.allocator.uncache(block)
-        self.index.drop(seq)
         super().free(seq)
 
 class RadixNode:

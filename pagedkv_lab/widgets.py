@@ -787,9 +787,10 @@ def trace_preemption(
     seed: int = 0,
 ) -> tuple[dict, ...]:
     """Serve W1-like requests through a tiny pool, step by step; each frame
-    records the queues (``running``, ``waiting``, ``swapped``: request ids)
-    and both pools (``device`` and ``host``: the request holding each block,
-    or None).
+    records the queues (``running``, ``waiting``, ``swapped``: request ids),
+    both pools (``device`` and ``host``: the request holding each block, or
+    None) and the counts so far (``preemptions``, of which ``swap_outs`` were
+    swapped and ``fallbacks`` recomputed for want of swap space).
 
     The pools hold exactly ``num_blocks`` and ``swap_blocks`` blocks whatever
     dtype the device loads the model in (float32 on a CPU, 16 bits on a GPU):
@@ -853,6 +854,8 @@ def trace_preemption(
                 "device": device,
                 "host": host,
                 "preemptions": sched.num_preemptions,
+                "swap_outs": getattr(sched, "num_swap_outs", 0),
+                "fallbacks": getattr(sched, "num_recompute_fallbacks", 0),
             }
         )
     return tuple(frames)
