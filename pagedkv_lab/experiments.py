@@ -231,15 +231,13 @@ def prefix_cache_run(
             t0 = time.perf_counter()
             hit = hit_of(req)
             lookup += time.perf_counter() - t0
-            tokens = req.prompt + req.output
-            new = len(tokens) - tree.match(tokens)[0]
-            while tree.size + new > capacity_tokens:
-                if tree.evict(tree.size + new - capacity_tokens) == 0:
-                    if not running:
-                        raise ValueError("a request is larger than the cache")
-                    tree.unlock(running.popleft())
             queries, hits = queries + len(req.prompt), hits + hit
-            node = tree.insert(tokens)
+            # The tree evicts unlocked leaves itself; when locked prefixes
+            # leave no room, the oldest running request gives way.
+            while (node := tree.insert(req.prompt + req.output)) is None:
+                if not running:
+                    raise ValueError("a request is larger than the cache")
+                tree.unlock(running.popleft())
             tree.lock(node)
             running.append(node)
             if len(running) > concurrency:

@@ -15,7 +15,6 @@ from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
 
 VICTIM_POLICIES = ("newest", "longest-output", "shortest-output")
 
-
 class CpuBlockPool:
     """KV blocks in CPU memory: an allocator, and a host tensor shaped like the
     device cache but for ``num_blocks`` blocks.
@@ -60,11 +59,10 @@ class CpuBlockPool:
             staged = self.data.index_select(2, src).to(cache.data.device)
             cache.data.index_copy_(2, dst.to(cache.data.device), staged)
 
-class SwapSpace(CpuBlockPool):
-    """Where a swapped request's blocks live: `swap_out` gives its device blocks
-    back and records host copies, `swap_in` gives it device blocks again.
-    Sharing is kept: a block held by several of the request's sequences is
-    moved once, and counted once on each side."""
+class SwapOutPool(CpuBlockPool):
+    """The swap-out half of `SwapSpace`: a request's device blocks go to host
+    blocks, sharing kept (a block held by several of its sequences is moved
+    once, and counted once on each side)."""
 
     def __init__(self, cache: PagedKVCache, num_blocks: int):
         super().__init__(cache, num_blocks)
@@ -97,6 +95,10 @@ class SwapSpace(CpuBlockPool):
             block_manager.free(seq)
         self.blocks_out += len(moves)
         return moves
+
+class SwapSpace(SwapOutPool):
+    """Where a swapped request's blocks live: `swap_out` gives its device blocks
+    back and records host copies, `swap_in` gives it device blocks again."""
 
     def can_swap_in(self, group: SequenceGroup, block_manager, watermark: int) -> bool:
         distinct = {
@@ -132,38 +134,17 @@ class SwapSpace(CpuBlockPool):
             for block in layout:
                 self.allocator.free(block)
 
-class PreemptionScheduler(Scheduler):
-    """Chapter 06's scheduler with a choice of victim and a swapped queue.
+class VictimScheduler(Scheduler):
+    """Chapter 06's scheduler with a choice of victim: ``"newest"`` (vLLM's),
+    ``"longest-output"`` (the request that has generated most gives way) or
+    ``"shortest-output"`` (the one that has generated least, the longer prompt
+    first among equals: SGLang's order when it retracts decoding requests)."""
 
-    ``victim``: ``"newest"`` (vLLM's), ``"longest-output"`` (the request that
-    has generated most gives way) or ``"shortest-output"`` (the one that has
-    generated least, the longer prompt first among equals: SGLang's order when
-    it retracts decoding requests). With a `SwapSpace`, a victim's blocks go to
-    CPU memory when they fit there (else it is recomputed, and
-    ``num_recompute_fallbacks`` counts it); swapped requests come back before
-    any waiting request is admitted.
-    """
-
-    def __init__(
-        self,
-        block_manager,
-        *,
-        swap_space: SwapSpace | None = None,
-        victim: str = "newest",
-        **kwargs,
-    ):
+    def __init__(self, block_manager, *, victim: str = "newest", **kwargs):
         super().__init__(block_manager, **kwargs)
         if victim not in VICTIM_POLICIES:
             raise ValueError(f"victim must be one of {VICTIM_POLICIES}, got {victim!r}")
-        self.swap_space, self.victim = swap_space, victim
-        self.swapped: deque[SequenceGroup] = deque()
-        self.num_swap_outs = self.num_swap_ins = self.num_recompute_fallbacks = 0
-        self._moves_out: list[tuple[int, int]] = []
-        self._moves_in: list[tuple[int, int]] = []
-
-    @property
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped)
+        self.victim = victim
 
     def _order_running(self) -> None:
         def generated(g: SequenceGroup) -> int:
@@ -174,6 +155,26 @@ class PreemptionScheduler(Scheduler):
             self.running.sort(key=generated)
         elif self.victim == "shortest-output":
             self.running.sort(key=lambda g: (-generated(g), g.prompt_len))
+
+class SwapOutScheduler(VictimScheduler):
+    """The swap-out half of `PreemptionScheduler`: with a `SwapSpace`, a
+    victim's blocks go to CPU memory when they fit there, and the request to
+    the ``swapped`` queue; else it is recomputed, and
+    ``num_recompute_fallbacks`` counts it."""
+
+    def __init__(
+        self, block_manager, *, swap_space: SwapSpace | None = None, **kwargs
+    ):
+        super().__init__(block_manager, **kwargs)
+        self.swap_space = swap_space
+        self.swapped: deque[SequenceGroup] = deque()
+        self.num_swap_outs = self.num_swap_ins = self.num_recompute_fallbacks = 0
+        self._moves_out: list[tuple[int, int]] = []
+        self._moves_in: list[tuple[int, int]] = []
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
 
     def preempt(self, group: SequenceGroup) -> None:
         if self.swap_space is not None:
@@ -192,6 +193,11 @@ class PreemptionScheduler(Scheduler):
             self.swapped.remove(group)
             self.swap_space.drop(group)
         super().remove(group)
+
+class PreemptionScheduler(SwapOutScheduler):
+    """Chapter 06's scheduler with a choice of victim and a swapped queue:
+    swapped requests come back, oldest first, before any waiting request is
+    admitted; each step's copies out and in travel in its `SchedulerOutput`."""
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()

@@ -66,7 +66,9 @@ class CachedBlock:
 
 @dataclass
 class PrefixCacheStats:
-    """Counters in tokens, since the last `reset`."""
+    """Counters in tokens, since the last `reset`. A resumed (preempted)
+    request's lookup goes to ``resumed_queries`` and ``resumed_hits`` only,
+    never into `hit_rate`."""
 
     queries: int = 0
     hits: int = 0
@@ -78,32 +80,33 @@ class PrefixCacheStats:
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
 
+    def record(self, num_tokens: int, num_hits: int, resumed: bool) -> None:
+        """One lookup: ``num_hits`` of a request's ``num_tokens`` were cached."""
+        if resumed:
+            self.resumed_queries += num_tokens
+            self.resumed_hits += num_hits
+        else:
+            self.queries += num_tokens
+            self.hits += num_hits
+
     def reset(self) -> None:
         self.queries = self.hits = self.resumed_queries = self.resumed_hits = 0
         self.evictions = 0
 
-class CachingBlockAllocator(BlockAllocator):
-    """Chapter 03's allocator, with a second kind of free block.
+class CachedFreeList(BlockAllocator):
+    """Chapter 03's allocator with a second kind of free block.
 
-    A freed block that holds registered K/V is *cached-free*: it is free to
-    take, but kept out of the free list, in an ``OrderedDict`` (a hash map over
-    a doubly linked list) so that a hit revives it and an eviction takes the
-    least recently freed one, both in O(1). New blocks come from the free list
-    first; only when it is empty is a cached block evicted.
+    A freed block that holds registered K/V (its entry is in ``cached``) is
+    *cached-free*: free to take, but kept off the free list, in an
+    ``OrderedDict`` in the order it was freed, so that a hit revives it from
+    anywhere in O(1).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, policy: str = "lru"):
+    def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)
-        if policy not in EVICTION_POLICIES:
-            raise ValueError(
-                f"policy must be one of {EVICTION_POLICIES}, got {policy!r}"
-            )
-        self.policy = policy
-        self.cached: dict[
-            int, CachedBlock
-        ] = {}  # block -> entry, in registration order
+        # block -> its entry, in registration order
+        self.cached: dict[int, CachedBlock] = {}
         self.evictable: OrderedDict[int, None] = OrderedDict()
-        self.on_evict: Callable[[CachedBlock], None] = lambda entry: None
 
     @property
     def num_free(self) -> int:
@@ -126,6 +129,28 @@ class CachingBlockAllocator(BlockAllocator):
         del self.evictable[block]
         self.ref_counts[block] = 1
 
+    def uncache(self, block: int) -> None:
+        """``block`` no longer holds a registered entry."""
+        del self.cached[block]
+        if block in self.evictable:
+            del self.evictable[block]
+            self.free_list.append(block)
+
+class CachingBlockAllocator(CachedFreeList):
+    """A `CachedFreeList` that evicts: new blocks come from the free list first;
+    only when it is empty is a cached-free block evicted, by ``policy``:
+    ``"lru"`` (the least recently freed, O(1)), ``"fifo"`` (the first
+    registered) or ``"evict-all"``. ``on_evict(entry)`` is told of each."""
+
+    def __init__(self, num_blocks: int, block_size: int, policy: str = "lru"):
+        super().__init__(num_blocks, block_size)
+        if policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"policy must be one of {EVICTION_POLICIES}, got {policy!r}"
+            )
+        self.policy = policy
+        self.on_evict: Callable[[CachedBlock], None] = lambda entry: None
+
     def allocate(self) -> int:
         if not self.free_list and self.evictable:
             self._evict()
@@ -145,23 +170,18 @@ class CachingBlockAllocator(BlockAllocator):
             self.on_evict(self.cached.pop(block))
             self.free_list.append(block)
 
-class PrefixIndex:
-    """The prefix cache's lookup table: chained keys of full blocks, and the
-    registered block behind each key.
+class PrefixLookup:
+    """The reading half of the prefix cache's index: chained keys of a
+    sequence's full blocks, and the registered blocks its tokens start with.
 
-    For each sequence it remembers the keys of its full blocks (a prefix never
-    changes) and its *chain*, the entry each full block's content matches, so
-    that matching and registering cost only the blocks not seen yet. A hit is
-    verified against the block's tokens and its parent's entry unless ``verify``
-    is off: the key only finds a candidate.
+    A hit is verified against the block's tokens and its parent's entry unless
+    ``verify`` is off: the key only finds a candidate.
     """
 
     def __init__(self, block_size: int, hash_fn: Callable = chained_hash, verify=True):
         self.block_size, self.hash_fn, self.verify = block_size, hash_fn, verify
         self.by_key: dict[int, CachedBlock] = {}
-        self._entries = itertools.count()
         self._keys: dict[int, list[int]] = {}
-        self._chains: dict[int, list[int]] = {}
 
     def keys(self, seq: Sequence, n: int) -> list[int]:
         """Keys of ``seq``'s first ``n`` full blocks."""
@@ -186,6 +206,17 @@ class PrefixIndex:
             parent = entry.entry
         return hits
 
+class PrefixIndex(PrefixLookup):
+    """The prefix cache's lookup table: chained keys of full blocks, the
+    registered block behind each key, and each sequence's *chain* (the entry
+    each of its full blocks matches), so that matching and registering cost
+    only the blocks not seen yet."""
+
+    def __init__(self, block_size: int, hash_fn: Callable = chained_hash, verify=True):
+        super().__init__(block_size, hash_fn, verify)
+        self._entries = itertools.count()
+        self._chains: dict[int, list[int]] = {}
+
     def start(self, seq: Sequence, hits: list[CachedBlock]) -> None:
         """``seq`` begins with the blocks of ``hits``."""
         self._chains[seq.seq_id] = [e.entry for e in hits]
@@ -194,28 +225,33 @@ class PrefixIndex:
         """``child`` shares ``parent``'s first ``num_full`` full blocks (a fork)."""
         self._chains[child.seq_id] = self._chains.get(parent.seq_id, [])[:num_full]
 
-    def register(self, seq: Sequence, blocks: list[int], taken) -> list[CachedBlock]:
-        """Index ``seq``'s computed full blocks not indexed yet; return the new
-        entries. ``taken(block)`` says whether a block already holds an entry."""
+    def register(self, seq: Sequence, blocks: list[int], taken, num_tokens: int):
+        """Index the full blocks among ``seq``'s first ``num_tokens`` tokens not
+        indexed yet. ``taken(block)`` says whether a block already holds an
+        entry. Return the new entries and those they displaced."""
         chain = self._chains.setdefault(seq.seq_id, [])
-        full = seq.num_computed_tokens // self.block_size
-        if full <= len(chain):
-            return []
-        bs, keys, new = self.block_size, self.keys(seq, full), []
+        full = num_tokens // self.block_size
+        new, displaced = [], []
+        bs, keys = self.block_size, self.keys(seq, full)
         for i in range(len(chain), full):
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             parent = chain[i - 1] if i else None
             known = self.by_key.get(keys[i])
             if known is not None and known.tokens == tokens and known.parent == parent:
-                # The same content is already cached in another block.
-                chain.append(known.entry)
+                chain.append(known.entry)  # the same content, in another block
                 continue
             entry = CachedBlock(blocks[i], keys[i], next(self._entries), parent, tokens)
             chain.append(entry.entry)
-            if known is None and not taken(blocks[i]):
-                self.by_key[keys[i]] = entry
-                new.append(entry)
-        return new
+            if taken(blocks[i]):
+                continue
+            if known is not None:
+                live = self.by_key.get(keys[i - 1]) if i else None
+                if known.parent == parent or live is None or live.entry != parent:
+                    continue  # keep the entry a lookup can still reach
+                displaced.append(known)
+            self.by_key[keys[i]] = entry
+            new.append(entry)
+        return new, displaced
 
     def forget(self, entry: CachedBlock) -> None:
         """Drop an evicted block's entry."""
@@ -227,17 +263,10 @@ class PrefixIndex:
         self._keys.pop(seq.seq_id, None)
         self._chains.pop(seq.seq_id, None)
 
-class PrefixCachingBlockManager(BlockManager):
-    """A `BlockManager` whose full blocks outlive their sequences as a cache.
-
-    A sequence's full, computed blocks are registered in a `PrefixIndex`
-    (`cache_blocks`); a new sequence reuses the longest registered prefix of
-    its tokens (`num_cached_tokens`, `allocate`), always computing at least its
-    last token. Freed registered blocks wait in the `CachingBlockAllocator`'s
-    cached-free queue. ``free_order`` is the order a finished sequence's blocks
-    join it: ``"tail-first"`` (vLLM's: a request's last blocks, least likely
-    shared, are evicted first) or ``"head-first"``.
-    """
+class PrefixMatchingBlockManager(BlockManager):
+    """The reading half of `PrefixCachingBlockManager`: a new sequence reuses
+    the longest registered prefix of its tokens (`num_cached_tokens`,
+    `allocate`), always computing at least its last token."""
 
     def __init__(
         self,
@@ -245,16 +274,12 @@ class PrefixCachingBlockManager(BlockManager):
         block_size: int,
         *,
         policy: str = "lru",
-        free_order: str = "tail-first",
         hash_fn: Callable = chained_hash,
         verify: bool = True,
     ):
         super().__init__(num_blocks, block_size)
-        if free_order not in ("tail-first", "head-first"):
-            raise ValueError("free_order must be 'tail-first' or 'head-first'")
         self.allocator = CachingBlockAllocator(num_blocks, block_size, policy)
         self.allocator.on_evict = self._forget
-        self.free_order = free_order
         self.index = PrefixIndex(block_size, hash_fn, verify)
         self.stats = PrefixCacheStats()
 
@@ -274,7 +299,8 @@ class PrefixCachingBlockManager(BlockManager):
     ):
         hits = self.index.match(seq, num_cached_tokens + 1)
         # Hit blocks in use cost nothing; cached-free ones leave the free count.
-        revived = sum(self.ref_counts[e.block] == 0 for e in hits)
+        counts = self.allocator.ref_counts
+        revived = sum(counts[e.block] == 0 for e in hits)
         tokens = max(num_cached_tokens + num_new_tokens, reserve_tokens)
         needed = self._blocks_for(tokens) - len(hits) + revived
         return needed + watermark <= self.num_free_blocks
@@ -284,7 +310,7 @@ class PrefixCachingBlockManager(BlockManager):
         hits = self.index.match(seq, num_cached_tokens + 1)
         assert len(hits) * self.block_size == num_cached_tokens
         for entry in hits:
-            if self.ref_counts[entry.block] == 0:
+            if self.allocator.ref_counts[entry.block] == 0:
                 self.allocator.revive(entry.block)
             else:
                 self.allocator.incref(entry.block)
@@ -296,27 +322,43 @@ class PrefixCachingBlockManager(BlockManager):
         extra = self._blocks_for(reserve_tokens) - len(table.blocks)
         table.blocks += [self._take_block() for _ in range(max(0, extra))]
         self.append_slots(seq, num_new_tokens)
-        s = self.stats
-        s.queries += seq.num_tokens
-        s.hits += num_cached_tokens
-        # A request that has output tokens was preempted: count it apart.
-        if seq.output_token_ids:
-            s.resumed_queries += seq.num_tokens
-            s.resumed_hits += num_cached_tokens
+        # A request with output tokens was preempted: its lookup is counted apart.
+        self.stats.record(seq.num_tokens, num_cached_tokens, bool(seq.output_token_ids))
+
+class PrefixRegisteringBlockManager(PrefixMatchingBlockManager):
+    """`PrefixMatchingBlockManager` plus the writing half: full blocks are
+    registered once computed (`cache_blocks`), and a finished sequence's blocks
+    join the cached-free queue in ``free_order``: ``"tail-first"`` (its last
+    blocks, least likely shared, are evicted first) or ``"head-first"``."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, *, free_order="tail-first", **kwargs
+    ):
+        super().__init__(num_blocks, block_size, **kwargs)
+        if free_order not in ("tail-first", "head-first"):
+            raise ValueError("free_order must be 'tail-first' or 'head-first'")
+        self.free_order = free_order
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Register ``seq``'s newly full, computed blocks."""
+        self._register(seq, seq.num_computed_tokens)
+
+    def _register(self, seq: Sequence, num_tokens: int) -> list[CachedBlock]:
+        cached = self.allocator.cached
+        new, displaced = self.index.register(
+            seq, seq.block_table.blocks, cached.__contains__, num_tokens
+        )
+        for entry in displaced:
+            if cached.get(entry.block) is entry:
+                self.allocator.uncache(entry.block)
+        for entry in new:
+            cached[entry.block] = entry
+        return new
 
     def fork(self, parent, child, num_tokens=None):
         super().fork(parent, child, num_tokens)
         full = child.block_table.num_tokens // self.block_size
         self.index.follow(parent, child, full)
-
-    def cache_blocks(self, seq: Sequence) -> None:
-        """Register ``seq``'s newly full, computed blocks (never a block whose K/V
-        are not all written: another request could read it too early)."""
-        cached = self.allocator.cached
-        for entry in self.index.register(
-            seq, seq.block_table.blocks, cached.__contains__
-        ):
-            cached[entry.block] = entry
 
     def _free_order(self, blocks: list[int]):
         return reversed(blocks) if self.free_order == "tail-first" else iter(blocks)
@@ -325,8 +367,74 @@ class PrefixCachingBlockManager(BlockManager):
         self.index.drop(seq)
         super().free(seq)
 
+REGISTER_WHEN = ("computed", "scheduled")
+
+
+class PrefixCachingBlockManager(PrefixRegisteringBlockManager):
+    """A `BlockManager` whose full blocks outlive their sequences as a cache.
+
+    A sequence's full blocks are registered in a `PrefixIndex` once the step
+    that writes them has run (``register="computed"``) or as soon as it is
+    scheduled (``"scheduled"``, vLLM v1's moment: requests admitted later in
+    the same step hit them). Freed registered blocks wait in the
+    `CachingBlockAllocator`'s cached-free queue.
+    """
+
+    def __init__(
+        self, num_blocks: int, block_size: int, *, register="computed", **kwargs
+    ):
+        super().__init__(num_blocks, block_size, **kwargs)
+        if register not in REGISTER_WHEN:
+            raise ValueError(
+                f"register must be one of {REGISTER_WHEN}, got {register!r}"
+            )
+        self.register = register
+        # Blocks registered for the step being scheduled, not written yet:
+        # block -> requests admitted in the same step that hit it.
+        self._filling: dict[int, int] = {}
+
+    @property
+    def ref_counts(self) -> list[int]:
+        """Holders of each block, as the step's writes see them: a request
+        that hit a block this step fills reads it only after it is written."""
+        counts = self.allocator.ref_counts
+        early = [(block, n) for block, n in self._filling.items() if n]
+        if not early:
+            return counts
+        counts = list(counts)
+        for block, readers in early:
+            counts[block] -= readers
+        return counts
+
+    def allocate(self, seq, num_cached_tokens, num_new_tokens, reserve_tokens=0):
+        for entry in self.index.match(seq, num_cached_tokens + 1):
+            if entry.block in self._filling:
+                self._filling[entry.block] += 1
+        super().allocate(seq, num_cached_tokens, num_new_tokens, reserve_tokens)
+
+    def append_slots(self, seq: Sequence, num_new_tokens: int) -> None:
+        super().append_slots(seq, num_new_tokens)
+        if self.register == "scheduled":
+            # This step writes every slot up to block_table.num_tokens.
+            for entry in self._register(seq, seq.block_table.num_tokens):
+                self._filling[entry.block] = 0
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        # Called after a step: whatever the step was to fill is written now.
+        self._filling.clear()
+        super().cache_blocks(seq)
+
+    def free(self, seq: Sequence) -> None:
+        # A block registered for a step that will not write it must not be hit.
+        filling = self._filling and seq.block_table is not None
+        for block in seq.block_table.blocks if filling else ():
+            if self._filling.pop(block, None) is not None:
+                self.index.forget(self.allocator.cached[block])
+                self.allocator.uncache(block)
+        super().free(seq)
+
 class RadixNode:
-    """A node of `RadixCache`: the tokens on the edge from its parent."""
+    """A node of `RadixTree`: the tokens on the edge from its parent."""
 
     __slots__ = ("children", "tokens", "parent", "lock", "last_access")
 
@@ -338,19 +446,13 @@ class RadixNode:
         self.last_access = 0
 
 
-class RadixCache:
-    """Cached prefixes at token granularity, in a radix tree (SGLang's
-    RadixAttention, Zheng et al., 2024).
+class RadixTree:
+    """Prefixes at token granularity: every root-to-node path is a stored
+    prefix, and an edge holds a run of tokens. Unlike block hashing, a match
+    can end anywhere, not only on a block boundary."""
 
-    Every root-to-node path is a cached prefix; an edge holds a run of tokens.
-    A running request locks its path; when the cache is over ``capacity``
-    tokens, unlocked leaves go, least recently used first. Unlike block
-    hashing, a match can end anywhere, not only on a block boundary.
-    """
-
-    def __init__(self, capacity: int):
+    def __init__(self):
         self.root = RadixNode()
-        self.capacity = capacity
         self.size = 0  # tokens stored
         self.num_nodes = 1
         self._clock = itertools.count(1)
@@ -366,7 +468,7 @@ class RadixCache:
         return upper
 
     def match(self, tokens) -> tuple[int, RadixNode]:
-        """Length of the longest cached prefix of ``tokens``, and its node."""
+        """Length of the longest stored prefix of ``tokens``, and its node."""
         node, i, now = self.root, 0, next(self._clock)
         while i < len(tokens) and tokens[i] in node.children:
             child = node.children[tokens[i]]
@@ -385,7 +487,7 @@ class RadixCache:
         return i, node
 
     def insert(self, tokens) -> RadixNode:
-        """Cache ``tokens`` (as a prefix); return the node that ends them."""
+        """Store ``tokens`` (as a prefix); return the node that ends them."""
         matched, node = self.match(tokens)
         if matched < len(tokens):
             leaf = RadixNode(tuple(tokens[matched:]), node)
@@ -395,6 +497,22 @@ class RadixCache:
             self.num_nodes += 1
             node = leaf
         return node
+
+    def _nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack += node.children.values()
+
+class RadixCache(RadixTree):
+    """A `RadixTree` of at most ``capacity`` tokens (SGLang's RadixAttention,
+    Zheng et al., 2024). A running request locks its path; `insert` evicts
+    unlocked leaves, least recently used first, until the new tokens fit."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
 
     def lock(self, node: RadixNode) -> None:
         """A running request holds the prefix ending at ``node``."""
@@ -407,15 +525,18 @@ class RadixCache:
             node.lock -= 1
             node = node.parent
 
-    @property
-    def evictable(self) -> int:
-        """Tokens in unlocked nodes."""
-        stack, total = list(self.root.children.values()), 0
-        while stack:
-            node = stack.pop()
-            total += len(node.tokens) if node.lock == 0 else 0
-            stack += node.children.values()
-        return total
+    def insert(self, tokens) -> RadixNode | None:
+        """Cache ``tokens`` as `RadixTree.insert` does, evicting first if they do
+        not fit; None, and nothing stored, when locked prefixes leave no room."""
+        matched, node = self.match(tokens)
+        over = self.size + len(tokens) - matched - self.capacity
+        if over > 0:
+            self.lock(node)  # the part already stored stays
+            self.evict(over)
+            self.unlock(node)
+            if self.size + len(tokens) - matched > self.capacity:
+                return None
+        return super().insert(tokens)
 
     def evict(self, num_tokens: int) -> int:
         """Remove unlocked leaves, least recently used first, until
@@ -437,10 +558,3 @@ class RadixCache:
             if parent is not self.root and not parent.children and parent.lock == 0:
                 heapq.heappush(leaves, (parent.last_access, id(parent), parent))
         return freed
-
-    def _nodes(self):
-        stack = list(self.root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack += node.children.values()

@@ -787,26 +787,43 @@ def trace_preemption(
     seed: int = 0,
 ) -> tuple[dict, ...]:
     """Serve W1-like requests through a tiny pool, step by step; each frame
-    records the queues (``running``, ``waiting``, ``swapped``: request ids)
-    and both pools (``device`` and ``host``: the request holding each block,
-    or None)."""
+    records the queues (``running``, ``waiting``, ``swapped``: request ids),
+    both pools (``device`` and ``host``: the request holding each block, or
+    None) and the counts so far (``preemptions``, of which ``swap_outs`` were
+    swapped and ``fallbacks`` recomputed for want of swap space).
+
+    The pools hold exactly ``num_blocks`` and ``swap_blocks`` blocks whatever
+    dtype the device loads the model in (float32 on a CPU, 16 bits on a GPU):
+    the budgets are computed from the loaded model's K/V bytes per token."""
+    from .device import pick_device
+    from .engine import SamplingParams
     from .experiments import prompts_for
-    from .llm import LLM
+    from .kvmath import KVSpec
+    from .llm import LLM, default_dtype
+    from .models import load_model
     from .workloads import chat_workload
 
     reqs = chat_workload(
         num_requests, seed=seed, max_model_len=160, mean_prompt=40, mean_output=60
     )
+    device = pick_device()
+    model, tokenizer = load_model(
+        "tiny-llama", dtype=default_dtype(device), device=device
+    )
+    per_block = (
+        KVSpec.from_config(model.config, model.dtype).bytes_per_token * block_size
+    )
     llm = LLM(
-        "tiny-llama",
+        (model, tokenizer),
         block_size=block_size,
-        kv_cache_memory=num_blocks * block_size * 512,
+        kv_cache_memory=num_blocks * per_block,
         max_model_len=160,
         preemption_mode=mode,
-        swap_space=swap_blocks * block_size * 512 if mode == "swap" else 0,
+        swap_space=swap_blocks * per_block if mode == "swap" else 0,
     )
     llm.eos_token_ids = frozenset()
-    from .engine import SamplingParams
+    assert llm.block_manager.num_blocks == num_blocks
+    assert mode != "swap" or llm.swap_space.allocator.num_blocks == swap_blocks
 
     for p, r in zip(prompts_for([r.prompt_len for r in reqs], seed), reqs):
         llm.add_request(p, SamplingParams(temperature=0, max_tokens=r.output_len))
@@ -837,6 +854,8 @@ def trace_preemption(
                 "device": device,
                 "host": host,
                 "preemptions": sched.num_preemptions,
+                "swap_outs": getattr(sched, "num_swap_outs", 0),
+                "fallbacks": getattr(sched, "num_recompute_fallbacks", 0),
             }
         )
     return tuple(frames)

@@ -17,6 +17,7 @@ from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import load_model
 from pagedkv_lab.prefix_cache import (
     PrefixCachingBlockManager,
+    PrefixIndex,
     RadixCache,
     chained_hash,
 )
@@ -36,8 +37,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         policy=st.sampled_from(["lru", "fifo", "evict-all"]),
         free_order=st.sampled_from(["tail-first", "head-first"]),
         weak_hash=st.booleans(),
+        register=st.sampled_from(["computed", "scheduled"]),
     )
-    def setup(self, num_blocks, block_size, policy, free_order, weak_hash):
+    def setup(self, num_blocks, block_size, policy, free_order, weak_hash, register):
         def weak(parent, tokens, extra):
             # Two bits of key: collisions all the time; verification saves us.
             return chained_hash(parent, tokens, extra) & 3
@@ -48,6 +50,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             policy=policy,
             free_order=free_order,
             hash_fn=weak if weak_hash else chained_hash,
+            register=register,
         )
         self.kv: dict[int, list] = {}  # block -> what each slot holds
         self.live: list[Sequence] = []
@@ -58,8 +61,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         for src, dst in self.bm.take_copies():
             self.kv[dst] = list(self.kv[src])
         # Before this step's writes: another request admitted now may read any
-        # registered block, so each must already hold all its K/V.
-        self.every_cached_key_holds_its_tokens()
+        # registered block, so each must already hold all its K/V, or (when
+        # blocks are registered at schedule time) be written by this step.
+        if self.bm.register == "computed":
+            self.every_cached_key_holds_its_tokens()
         bs = self.bm.block_size
         for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
             block = seq.block_table.blocks[p // bs]
@@ -82,6 +87,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert seq.num_computed_tokens == cached
             s = self.bm.stats
             assert (s.queries, s.hits) == (before[0] + len(tokens), before[1] + cached)
+            assert s.resumed_queries == s.resumed_hits == 0
             self._compute(seq, n)
             self.live.append(seq)
 
@@ -336,3 +342,104 @@ def test_radix_evicts_unlocked_leaves_least_recently_used_first():
     assert tree.match([1, 2, 3, 4])[0] == 4
     tree.unlock(a)
     assert tree.evict(10) == 4 and tree.size == 0
+
+
+def test_a_resumed_requests_lookup_is_counted_apart():
+    """vLLM PR #25787: a preempted request re-hitting its own blocks is not a
+    prefix-cache hit. A tight pool, prompts with nothing in common: every hit
+    is a resumed request's, so `hits` (and `hit_rate`) stay 0."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [[1] + torch.randint(3, 259, (12,), generator=g).tolist() for _ in range(8)]
+    llm = LLM(
+        (MODEL, TOKENIZER),
+        block_size=4,
+        kv_cache_memory=14 * 4 * 512,
+        max_model_len=56,
+        enable_prefix_caching=True,
+    )
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    llm.generate(prompts, sp, use_tqdm=False)
+    s = llm.block_manager.stats
+    assert llm.scheduler.num_preemptions > 0 and s.resumed_hits > 0
+    assert s.hits == 0 and s.hit_rate == 0
+    assert s.queries == sum(len(p) for p in prompts)
+
+
+def test_a_copy_whose_parent_was_evicted_gives_way_to_a_reachable_one():
+    index = PrefixIndex(block_size=4)
+    never = lambda block: False  # noqa: E731
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    old, displaced = index.register(Sequence(tokens, PARAMS), [10, 11, 12], never, 9)
+    assert [e.block for e in old] == [10, 11] and displaced == []
+    index.forget(old[0])  # block 10 evicted: block 11 can never be hit again
+    asking = Sequence(tokens, PARAMS)
+    assert index.match(asking, 9) == []
+    new, displaced = index.register(Sequence(tokens, PARAMS), [20, 21, 22], never, 9)
+    assert [e.block for e in new] == [20, 21] and displaced == [old[1]]
+    assert [e.block for e in index.match(Sequence(tokens, PARAMS), 9)] == [20, 21]
+
+
+def test_a_displaced_block_stops_being_cached():
+    bm = PrefixCachingBlockManager(8, 2, free_order="head-first")
+    first = Sequence([1, 1, 2, 2, 0], PARAMS)
+    bm.allocate(first, 0, 5)
+    first.num_computed_tokens = 5
+    bm.cache_blocks(first)
+    a0, a1 = first.block_table.blocks[:2]
+    bm.free(first)
+    bm.allocator.uncache(a0)  # as if evicted: only the second block is cached
+    bm.index.forget(next(e for e in bm.by_key.values() if e.block == a0))
+    again = Sequence([1, 1, 2, 2, 0], PARAMS)
+    bm.allocate(again, bm.num_cached_tokens(again, 5), 5)
+    again.num_computed_tokens = 5
+    bm.cache_blocks(again)
+    assert a1 not in bm.allocator.cached and a1 in bm.allocator.free_list
+    assert bm.num_cached_tokens(Sequence([1, 1, 2, 2, 0], PARAMS), 5) == 4
+
+
+@pytest.mark.parametrize("register", ["computed", "scheduled"])
+def test_schedule_time_registration_shares_within_a_step(register):
+    """vLLM v1 caches full blocks when it schedules the step that writes them
+    (`KVCacheManager.allocate_slots`): requests admitted in the same step hit
+    them. Outputs must not change."""
+    prompts = _shared_prompts(1, n=12, system=31)
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    plain = LLM((MODEL, TOKENIZER), block_size=4, kv_cache_memory=2**20)
+    expected = [o.token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
+    bm = PrefixCachingBlockManager(2**20 // (4 * 512), 4, register=register)
+    llm = LLM((MODEL, TOKENIZER), block_size=4, kv_cache_memory=2**20, block_manager=bm)
+    assert [o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
+    # All twelve are admitted in the first step.
+    if register == "computed":
+        assert bm.stats.hits == 0
+    else:
+        assert bm.stats.hits == 11 * 32  # the 32-token prefix, for all but the first
+
+
+def test_register_must_be_a_known_moment():
+    with pytest.raises(ValueError, match="register"):
+        PrefixCachingBlockManager(4, 2, register="allocated")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    streams=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), max_size=30),
+    capacity=st.integers(1, 20),
+    data=st.data(),
+)
+def test_radix_cache_never_holds_more_than_its_capacity(streams, capacity, data):
+    cache, held = RadixCache(capacity), []
+    for tokens in streams:
+        node = cache.insert(tokens)
+        assert cache.size <= capacity
+        if node is None:
+            # Only locked prefixes are left, and they leave no room.
+            locked = sum(len(n.tokens) for n in cache._nodes() if n.lock)
+            assert locked + len(tokens) > capacity
+            continue
+        assert cache.match(tokens)[0] == len(tokens)
+        if data.draw(st.booleans()):
+            cache.lock(node)
+            held.append(node)
+        if held and data.draw(st.booleans()):
+            cache.unlock(held.pop(0))

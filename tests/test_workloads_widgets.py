@@ -168,3 +168,21 @@ def test_each_viewer_draws_its_first_and_last_frames(make, monkeypatch):
     for slider in _sliders(box):
         slider.value = slider.max
     assert len(drawn) >= 2 and all(n > 0 for n in drawn)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_preemption_trace_pools_have_the_asked_sizes_in_any_dtype(dtype, monkeypatch):
+    """On a GPU the model loads in 16 bits, so a byte budget sized for float32
+    holds twice the blocks; the trace's pools must still have exactly the
+    asked number of blocks (chapter 09 raised IndexError on an H100)."""
+    import torch
+
+    from pagedkv_lab import llm
+    from pagedkv_lab.widgets import trace_preemption
+
+    monkeypatch.setattr(llm, "default_dtype", lambda device: getattr(torch, dtype))
+    frames = trace_preemption(num_requests=6, num_blocks=20, swap_blocks=12)
+    assert all(len(f["device"]) == 20 and len(f["host"]) == 12 for f in frames)
+    assert frames[-1]["preemptions"] > 0
+    used = max(sum(o is not None for o in f["device"]) for f in frames)
+    assert used > 10  # the pool is filled, not a quarter of a bigger one
