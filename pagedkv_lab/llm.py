@@ -763,11 +763,15 @@ class LLMEngine(RequestIntake):
         """``seq``'s per-token log-probabilities, their tokens' text filled in."""
         entries = group.logprobs.get(seq.seq_id, [])
         if self.tokenizer is not None:
-            todo = [lp for d in entries for t, lp in d.items() if lp.decoded_token is None]
-            if todo:
-                ids = [t for d in entries for t, lp in d.items() if lp.decoded_token is None]
-                for lp, text in zip(todo, self.tokenizer.batch_decode([[t] for t in ids])):
-                    lp.decoded_token = text
+            todo = [
+                (t, lp)
+                for d in entries
+                for t, lp in d.items()
+                if lp.decoded_token is None
+            ]
+            texts = self.tokenizer.batch_decode([[t] for t, _ in todo])
+            for (_, lp), text in zip(todo, texts):
+                lp.decoded_token = text
         return list(entries)
 
     def _completion(

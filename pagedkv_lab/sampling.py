@@ -165,7 +165,9 @@ class SamplingParams(_ChapterSamplingParams):
         stop = self.stop
         stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
         if not hasattr(stop, "__iter__") or isinstance(stop, bytes):
-            raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+            raise ValueError(
+                f"stop must be a string or a list of strings, got {stop!r}"
+            )
         stop = tuple(stop)
         for i, s in enumerate(stop):
             if not isinstance(s, str) or not s:
@@ -248,7 +250,9 @@ def _apply_penalties(
         )
         counts.index_put_(index, torch.ones(len(out_ids), device=device), True)
     in_prompt = torch.zeros(len(rows), vocab, device=device, dtype=torch.bool)
-    in_prompt[torch.tensor(seen_rows, device=device), torch.tensor(seen_ids, device=device)] = True
+    in_prompt[
+        torch.tensor(seen_rows, device=device), torch.tensor(seen_ids, device=device)
+    ] = True
     ps = [seqs[i].params for i in rows]
 
     def column(name: str) -> torch.Tensor:
@@ -275,11 +279,13 @@ def process_logits(
         p = _params(seq)
         if p is None:
             continue
-        if len(seq.output_token_ids) < p.min_tokens:
+        if p.min_tokens and seq.num_tokens - seq.num_prompt_tokens < p.min_tokens:
             stops = set(p.stop_token_ids)
             if not p.ignore_eos and eos_token_ids is not None:
-                stops |= {eos_token_ids} if isinstance(eos_token_ids, int) else set(
-                    eos_token_ids
+                stops |= (
+                    {eos_token_ids}
+                    if isinstance(eos_token_ids, int)
+                    else set(eos_token_ids)
                 )
             mask_rows += [i] * len(stops)
             mask_cols += sorted(stops)
@@ -292,7 +298,10 @@ def process_logits(
         logits = _apply_penalties(logits, seqs, penalised)
     if mask_rows:
         device = logits.device
-        logits[torch.tensor(mask_rows, device=device), torch.tensor(mask_cols, device=device)] = float("-inf")
+        logits[
+            torch.tensor(mask_rows, device=device),
+            torch.tensor(mask_cols, device=device),
+        ] = float("-inf")
     return logits
 
 
@@ -357,13 +366,17 @@ def sample_logprobs(
 ) -> list[dict[int, Logprob] | None]:
     """The ``logprobs`` each sequence asked for at this step (None where it did
     not), from the raw logits."""
-    rows = [i for i, s in enumerate(seqs) if getattr(s.params, "logprobs", None) is not None]
+    rows = [
+        i for i, s in enumerate(seqs) if getattr(s.params, "logprobs", None) is not None
+    ]
     result: list[dict[int, Logprob] | None] = [None] * len(seqs)
     if not rows:
         return result
     device = logits.device
     lp = logits[torch.tensor(rows, device=device)].log_softmax(-1)
     targets = torch.tensor([tokens[i] for i in rows], device=device)
-    for i, d in zip(rows, top_logprobs(lp, targets, [seqs[i].params.logprobs for i in rows])):
+    for i, d in zip(
+        rows, top_logprobs(lp, targets, [seqs[i].params.logprobs for i in rows])
+    ):
         result[i] = d
     return result

@@ -152,7 +152,10 @@ def test_a_changed_top_k_of_minus_one_is_served(llm):
     sp.top_k = -1
     out = llm.generate([PROMPT], sp, use_tqdm=False)[0]
     assert out.finish_reason in ("length", "stop") and out.error is None
-    assert out.token_ids == _one(llm, PROMPT, temperature=1.0, max_tokens=5, seed=1).token_ids
+    assert (
+        out.token_ids
+        == _one(llm, PROMPT, temperature=1.0, max_tokens=5, seed=1).token_ids
+    )
 
 
 def test_max_tokens_none_runs_to_the_model_length(pair):
@@ -224,7 +227,10 @@ def two_eos():
 
 def test_every_eos_id_of_the_generation_config_stops_a_request(two_eos):
     model, tok, eos, plain = two_eos
-    for llm in (LLM((model, tok), kv_cache_memory=2**20), LLM(model, kv_cache_memory=2**20)):
+    for llm in (
+        LLM((model, tok), kv_cache_memory=2**20),
+        LLM(model, kv_cache_memory=2**20),
+    ):
         assert eos in llm.eos_token_ids and 2 in llm.eos_token_ids
         out = _one(llm, PROMPT, temperature=0, max_tokens=12)
         assert out.token_ids == _hf(model, PROMPT, 12, eos_token_id=[2, eos])
@@ -237,12 +243,21 @@ def test_min_tokens_equals_transformers_min_new_tokens(two_eos):
     llm = LLM((model, tok), kv_cache_memory=2**20)
     for min_tokens in (0, 3, 6):
         ours = _one(llm, PROMPT, temperature=0, max_tokens=12, min_tokens=min_tokens)
-        theirs = _hf(model, PROMPT, 12, eos_token_id=[2, eos], min_new_tokens=min_tokens)
+        theirs = _hf(
+            model, PROMPT, 12, eos_token_id=[2, eos], min_new_tokens=min_tokens
+        )
         assert ours.token_ids == theirs
         assert len(ours.token_ids) > min_tokens
     # min_tokens also holds back stop_token_ids
-    out = _one(llm, PROMPT, temperature=0, max_tokens=12, min_tokens=6,
-               stop_token_ids=[plain[0]], ignore_eos=True)
+    out = _one(
+        llm,
+        PROMPT,
+        temperature=0,
+        max_tokens=12,
+        min_tokens=6,
+        stop_token_ids=[plain[0]],
+        ignore_eos=True,
+    )
     assert plain[0] not in out.token_ids[:6]
 
 
@@ -275,8 +290,14 @@ def test_stop_strings_equal_transformers_stop_strings(pair, llm):
     assert ours.token_ids == theirs
     assert ours.finish_reason == "stop" and ours.outputs[0].stop_reason == stop
     assert ours.text == tok.decode(theirs, skip_special_tokens=True)[:-1]
-    kept = _one(llm, prompt, max_tokens=40, stop=["\x00never", stop],
-                include_stop_str_in_output=True, **GREEDY)
+    kept = _one(
+        llm,
+        prompt,
+        max_tokens=40,
+        stop=["\x00never", stop],
+        include_stop_str_in_output=True,
+        **GREEDY,
+    )
     assert kept.text == tok.decode(theirs, skip_special_tokens=True)
     assert kept.text.endswith(stop)
     # before min_tokens, stop strings are not checked
@@ -323,7 +344,13 @@ def test_logprobs_are_the_models_raw_log_probabilities(pair, llm):
             worst = max(worst, abs(lp.logprob - theirs[step, t].item()))
         assert entry[token].decoded_token is not None
     assert worst < 1e-4
-    assert abs(c.cumulative_logprob - sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs))) < 1e-4
+    assert (
+        abs(
+            c.cumulative_logprob
+            - sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs))
+        )
+        < 1e-4
+    )
 
 
 def test_a_sampled_token_outside_the_top_n_is_listed_with_its_rank(llm):
@@ -367,7 +394,9 @@ def test_num_cached_tokens_counts_prefix_cache_hits(pair):
     assert first.num_cached_tokens == 0 and second.num_cached_tokens == 16
     assert second.token_ids == first.token_ids
     m = second.metrics
-    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finish_time
+    assert (
+        m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finish_time
+    )
 
 
 # Streaming ----------------------------------------------------------------------
@@ -392,7 +421,10 @@ def _stream(llm, request_id, prompt, params):
 def test_delta_chunks_concatenate_to_the_batch_output(llm, params):
     final = _one(llm, "Hello there", **params)
     outs = _stream(
-        llm, "req-d", "Hello there", SamplingParams(**params, output_kind=RequestOutputKind.DELTA)
+        llm,
+        "req-d",
+        "Hello there",
+        SamplingParams(**params, output_kind=RequestOutputKind.DELTA),
     )
     assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
     assert len(outs) == max(len(c.token_ids) for c in final.outputs)
@@ -415,7 +447,10 @@ def test_cumulative_outputs_grow_and_final_only_waits(llm):
     assert outs[-1].text == final.text and outs[-1].finished
     assert all(o.finish_reason is None for o in outs[:-1])
     only = _stream(
-        llm, "req-f", PROMPT, SamplingParams(**params, output_kind=RequestOutputKind.FINAL_ONLY)
+        llm,
+        "req-f",
+        PROMPT,
+        SamplingParams(**params, output_kind=RequestOutputKind.FINAL_ONLY),
     )
     assert len(only) == 1 and only[0].token_ids == final.token_ids
 
@@ -431,7 +466,9 @@ def test_streamed_text_never_shows_a_stop_string_that_is_cut(pair, llm):
     outs = _stream(llm, "req-s", prompt, SamplingParams(**params))
     for o in outs[:-1]:
         assert final.text.startswith(o.text)
-        assert len(o.text) <= max(0, len(tok.decode(o.token_ids, skip_special_tokens=True)) - 2)
+        assert len(o.text) <= max(
+            0, len(tok.decode(o.token_ids, skip_special_tokens=True)) - 2
+        )
     assert outs[-1].text == final.text
 
 
@@ -474,7 +511,11 @@ def test_vllm_request_ids_and_abort_request(llm):
 def test_prompt_dicts_serve_like_plain_prompts(llm):
     sp = SamplingParams(max_tokens=5, **GREEDY)
     outs = llm.generate(
-        ["Hello", {"prompt": "Hello"}, {"prompt_token_ids": llm.tokenizer("Hello").input_ids}],
+        [
+            "Hello",
+            {"prompt": "Hello"},
+            {"prompt_token_ids": llm.tokenizer("Hello").input_ids},
+        ],
         sp,
         use_tqdm=False,
     )
@@ -529,8 +570,13 @@ def test_seed_leaves_the_weights_and_weights_seed_changes_them():
 
 @pytest.mark.parametrize(
     "dtype,expected",
-    [("auto", torch.float32), ("float16", torch.float16),
-     ("bfloat16", torch.bfloat16), ("float32", torch.float32), (torch.bfloat16, torch.bfloat16)],
+    [
+        ("auto", torch.float32),
+        ("float16", torch.float16),
+        ("bfloat16", torch.bfloat16),
+        ("float32", torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+    ],
 )
 def test_dtype_names_work(dtype, expected):
     llm = LLM("tiny-llama", dtype=dtype, kv_cache_memory=2**20)
@@ -580,7 +626,9 @@ def test_chat_goes_through_the_chat_template(pair, llm):
     assert expected.count(1) == 1  # one BOS, written by the template
     assert out.prompt.endswith("<|assistant|>\n")
     assert out.token_ids == _hf(model, expected, 6)
-    both = llm.chat([messages, messages[1:]], SamplingParams(max_tokens=2, **GREEDY), use_tqdm=False)
+    both = llm.chat(
+        [messages, messages[1:]], SamplingParams(max_tokens=2, **GREEDY), use_tqdm=False
+    )
     assert len(both) == 2 and both[0].token_ids == out.token_ids[:2]
     for bad in ({"role": "user"}, [{"content": "x"}], "hello"):
         with pytest.raises(ValueError, match="messages|message"):
