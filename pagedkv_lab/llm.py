@@ -500,26 +500,27 @@ class LLMEngine(RequestIntake):
         self.stats.errors += 1
         return self._output(group, self._now(), f"{type(err).__name__}: {err}")
 
-    def _prompt_rows(self, seqs, num_new_tokens, groups) -> list[tuple[int, int]]:
+    def _prompt_rows(self, seqs, num_new_tokens, groups) -> list[tuple[int, int, int]]:
         """For each of ``seqs`` whose request still needs prompt log-probabilities
-        (``prompt_logprobs``) and computes prompt tokens now: (its index, how many
-        of its positions predict a prompt token)."""
+        (``prompt_logprobs``) and computes some of those positions now: (its
+        index, the first such position's offset in its chunk, how many).
+
+        Position ``p`` predicts token ``p + 1``; a request preempted halfway
+        recomputes its prompt but gets each position's entry once.
+        """
         wanted = []
         for i, (seq, n, group) in enumerate(zip(seqs, num_new_tokens, groups)):
             if getattr(group.params, "prompt_logprobs", None) is None:
                 continue
             state = self._states.get(group.request_id)
+            if state is None:
+                continue
             first = seq.num_computed_tokens
-            if state is None or first >= seq.num_prompt_tokens:
-                continue
-            done = state.prompt_logprobs
-            if done is not None and len(done) >= seq.num_prompt_tokens:
-                continue
-            # Position p predicts token p + 1: the last prompt position
-            # predicts the first output token.
-            count = min(first + n, seq.num_prompt_tokens - 1) - first
+            # Entries exist for tokens 0 .. have - 1: start at position have - 1.
+            start = max(first, len(state.prompt_logprobs) - 1)
+            count = min(first + n, seq.num_prompt_tokens - 1) - start
             if count > 0:
-                wanted.append((i, count))
+                wanted.append((i, start - first, count))
         return wanted
 
     @torch.inference_mode()
@@ -532,14 +533,17 @@ class LLMEngine(RequestIntake):
             return self.runner.run(seqs, num_new_tokens, ref_counts), {}
         step = self.runner.prepare(seqs, num_new_tokens)
         starts = step.query_start_loc.tolist()
-        extra = [starts[i] + j for i, count in wanted for j in range(count)]
+        extra = [
+            starts[i] + offset + j for i, offset, count in wanted for j in range(count)
+        ]
         index = torch.tensor(extra, device=step.logits_index.device)
         step.logits_index = torch.cat([step.logits_index, index])
         logits = self.runner.forward(step).float()
         main, rest = logits[: len(seqs)], logits[len(seqs) :]
         prompt, at = {}, 0
-        for i, count in wanted:
-            prompt[i], at = rest[at : at + count], at + count
+        for i, offset, count in wanted:
+            start = seqs[i].num_computed_tokens + offset
+            prompt[i], at = (start, rest[at : at + count]), at + count
         return main, prompt
 
     def _forward(self, plan: SchedulerOutput, failed: list[RequestOutput]):
@@ -583,13 +587,12 @@ class LLMEngine(RequestIntake):
 
     def _keep_prompt_logprobs(self, plan, rows, prompt_rows) -> None:
         """Turn this step's prompt logits into ``prompt_logprobs`` entries."""
-        for i, logits in prompt_rows.items():
+        for i, (start, logits) in prompt_rows.items():
             if rows[i] is None:
                 continue
             seq = plan.seqs[i]
             state = self._states[plan.groups[i].request_id]
-            first = seq.num_computed_tokens
-            targets = seq.token_ids[first + 1 : first + 1 + len(logits)]
+            targets = seq.token_ids[start + 1 : start + 1 + len(logits)]
             state.prompt_logprobs += top_logprobs(
                 logits.log_softmax(-1),
                 torch.tensor(targets, device=logits.device),
@@ -650,15 +653,17 @@ class LLMEngine(RequestIntake):
                     self.max_model_len,
                     self.block_manager,
                 )
+                state = self._states.get(group.request_id)
+                if state is not None and (
+                    state.needs_text or state.params.stop_token_ids
+                ):
+                    self._postprocess(group, state)
             except Exception as err:
                 outputs.append(self._fail(group, err))
                 continue
             metrics = self._requests[group.request_id][2]
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
-            state = self._states.get(group.request_id)
-            if state is not None:
-                self._postprocess(group, state)
         done = self.scheduler.free_finished()
         outputs += [self._output(g, now) for g in done]
         for group in sampling:
@@ -717,17 +722,19 @@ class LLMEngine(RequestIntake):
         needed at every step (streaming, stop strings), its new text; a stop
         string ends the sequence there."""
         p = state.params
+        needs_text = state.needs_text and self.tokenizer is not None
         for seq in group.seqs:
-            out = seq.output_token_ids
+            last = seq.token_ids[-1]
             if (
                 seq.finish_reason == "stop"
-                and out
-                and out[-1] in p.stop_token_ids
-                and not self._is_eos(out[-1], p)
+                and last in p.stop_token_ids
+                and seq.num_tokens > seq.num_prompt_tokens
+                and not self._is_eos(last, p)
             ):
-                state.stop_reasons.setdefault(seq.seq_id, out[-1])
-            if not state.needs_text or self.tokenizer is None:
+                state.stop_reasons.setdefault(seq.seq_id, last)
+            if not needs_text:
                 continue
+            out = seq.output_token_ids
             det = state.detokenizers.get(seq.seq_id)
             if det is None:
                 det = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens)

@@ -386,6 +386,34 @@ def test_prompt_logprobs_equal_a_transformers_forward(pair, budget, caching):
     _assert_idle(llm)
 
 
+def test_prompt_logprobs_survive_preemption_and_the_models_own_forward(pair):
+    model, _ = pair
+    llm = LLM(
+        pair,
+        block_size=4,
+        kv_cache_memory=12 * 4 * 512,
+        max_num_batched_tokens=6,
+        fused_forward=False,
+    )
+    gen = torch.Generator().manual_seed(0)
+    prompts = [
+        [1] + torch.randint(3, 259, (19,), generator=gen).tolist() for _ in range(4)
+    ]
+    sp = SamplingParams(max_tokens=20, prompt_logprobs=0, **GREEDY)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    assert llm.stats.preemptions > 0
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            theirs = model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+        plp = out.prompt_logprobs
+        assert len(plp) == len(prompt) and plp[0] is None
+        for pos, entry in enumerate(plp[1:], start=1):
+            assert list(entry) == [prompt[pos]]
+            assert abs(entry[prompt[pos]].logprob - theirs[pos - 1, prompt[pos]]) < 1e-4
+        assert out.token_ids == _hf(model, prompt, 20)
+    _assert_idle(llm)
+
+
 def test_num_cached_tokens_counts_prefix_cache_hits(pair):
     llm = LLM(pair, kv_cache_memory=2**20, enable_prefix_caching=True, block_size=8)
     prompt = [1] + list(range(40, 60))
