@@ -9,16 +9,22 @@ setup can still choose Triton's interpreter mode first; ``LLM`` and
 """
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "RequestOutput"]
+__all__ = [
+    "LLM",
+    "SamplingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "RequestOutputKind",
+]
 
 
 def __getattr__(name: str):
-    if name == "LLM" or name == "RequestOutput":
+    if name in ("LLM", "RequestOutput", "CompletionOutput"):
         from . import llm
 
         return getattr(llm, name)
-    if name == "SamplingParams":
-        from .engine import SamplingParams
+    if name in ("SamplingParams", "RequestOutputKind"):
+        from . import sampling
 
-        return SamplingParams
+        return getattr(sampling, name)
     raise AttributeError(f"module 'pagedkv_lab' has no attribute {name!r}")

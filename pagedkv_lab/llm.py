@@ -8,19 +8,21 @@ from __future__ import annotations
 import itertools
 import numbers
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
 from .block_manager import BlockManager
-from .engine import (
-    PagedKVCache,
-    SamplingParams,
-    Sequence,
-    _check_int,
-)
+from .engine import PagedKVCache, Sequence, _check_int
+from .engine import SamplingParams as BaseSamplingParams
 from .fused import runner_class
+from .sampling import (
+    Logprob,
+    RequestOutputKind,
+    SamplingParams,
+    top_logprobs,
+)
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
 
 
@@ -32,6 +34,8 @@ class RequestMetrics:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_output_tokens: int = 0
+    # When the request was first scheduled (left the waiting queue).
+    first_scheduled_time: float | None = None
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -48,7 +52,9 @@ class RequestMetrics:
         return (self.finish_time - self.first_token_time) / gaps
 
     @property
-    def e2e_latency(self) -> float:
+    def e2e_latency(self) -> float | None:
+        if self.finish_time is None:
+            return None
         return self.finish_time - self.arrival_time
 
 
@@ -60,27 +66,44 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float
-    finish_reason: str
+    finish_reason: str | None
     # Beam search: the length-penalised score the beams were ranked by.
     score: float | None = None
+    # Per generated token, with SamplingParams(logprobs=N): {token id: Logprob},
+    # the sampled token first, then the N most likely.
+    logprobs: list[dict[int, Logprob]] | None = None
+    # The stop string or stop token id that ended it (None: EOS, length...).
+    stop_reason: str | int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass
 class RequestOutput:
-    """A finished request: its prompt, its completions and its timings.
+    """A request's prompt, its completions and its timings.
 
-    ``finish_reason`` is ``"stop"`` (EOS or a stop token), ``"length"``,
-    ``"abort"`` (`LLM.abort`) or ``"error"`` (then ``error`` says what failed).
-    ``text``, ``token_ids`` and ``finish_reason`` are those of ``outputs[0]``.
+    ``finish_reason`` is ``"stop"`` (EOS, a stop token or a stop string),
+    ``"length"``, ``"abort"`` (`LLM.abort`) or ``"error"`` (then ``error`` says
+    what failed); None while ``finished`` is False (a streamed output of
+    `LLMEngine.step`). ``text``, ``token_ids`` and ``finish_reason`` are those
+    of ``outputs[0]``. ``request_id`` is the id given to `add_request`, or the
+    engine's own number. ``num_cached_tokens`` counts the prompt tokens whose
+    K/V came from the prefix cache; ``prompt_logprobs`` (with
+    ``SamplingParams(prompt_logprobs=N)``) has one entry per prompt token, None
+    for the first.
     """
 
-    request_id: int
+    request_id: int | str
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     metrics: RequestMetrics
     error: str | None = None
     finished: bool = True
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def text(self) -> str:
@@ -91,7 +114,7 @@ class RequestOutput:
         return self.outputs[0].token_ids
 
     @property
-    def finish_reason(self) -> str:
+    def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
 
 @dataclass
@@ -136,11 +159,12 @@ def as_prompt_list(prompts) -> list:
     """Normalise ``generate``'s first argument to a list of prompts.
 
     Accepts a text, a list of token ids, a 1-D or 2-D tensor or array of token
-    ids, or a list of texts and token-id lists; anything else is a ValueError.
+    ids, a prompt dict (``{"prompt": text}`` or ``{"prompt_token_ids": ids}``,
+    as in vLLM), or a list of any of these; anything else is a ValueError.
     """
     if isinstance(prompts, (bytes, bytearray)):
         raise ValueError("prompts must be text or token ids, not bytes: decode first")
-    if isinstance(prompts, str):
+    if isinstance(prompts, (str, dict)):
         return [prompts]
     if hasattr(prompts, "tolist") and hasattr(prompts, "ndim"):
         if prompts.ndim not in (1, 2):
@@ -150,7 +174,7 @@ def as_prompt_list(prompts) -> list:
             )
         rows = prompts.tolist()
         return [rows] if prompts.ndim == 1 else rows
-    if isinstance(prompts, dict) or not hasattr(prompts, "__iter__"):
+    if not hasattr(prompts, "__iter__"):
         raise ValueError(
             f"prompts must be a text, token ids or a list of them, got {prompts!r}"
         )
@@ -159,24 +183,119 @@ def as_prompt_list(prompts) -> list:
         return [prompts]
     return [p.tolist() if hasattr(p, "tolist") else p for p in prompts]
 
+_NOT_GIVEN = object()
+
+
+class IncrementalDetokenizer:
+    """The text of a sequence's output, decoded as its tokens arrive.
+
+    Each new token decodes a short window (the tokens since the last complete
+    piece of text) and the window without it: the difference is the new text.
+    A window that ends in an incomplete character (a byte-level token may be
+    half of one: "\ufffd") waits for the next token. The pieces concatenate to
+    ``tokenizer.decode(output)``; the cost per token is constant.
+    """
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix_offset = self.read_offset = 0
+        self.text = ""
+        # Set when a stop string ended the text: nothing is added after it.
+        self.stopped = False
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip)
+
+    def add(self, token_ids: list[int]) -> None:
+        """Decode ``token_ids``, the next tokens of the output."""
+        for token in token_ids:
+            self.ids.append(token)
+            prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+            new = self._decode(self.ids[self.prefix_offset :])
+            if len(new) > len(prefix) and not new.endswith("\ufffd"):
+                self.text += new[len(prefix) :]
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+
+    def flush(self) -> None:
+        """At the end: add what an incomplete last character left waiting."""
+        if self.stopped or self.read_offset == len(self.ids):
+            return
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        self.text += self._decode(self.ids[self.prefix_offset :])[len(prefix) :]
+        self.read_offset = len(self.ids)
+
+
+@dataclass
+class RequestState:
+    """What the engine keeps per request, besides its sequences: the id its
+    caller gave, its (checked, private) parameters, and per sequence the
+    detokenizer, the stop reason and how much a ``DELTA`` stream has sent."""
+
+    request_id: int | str
+    params: SamplingParams
+    detokenizers: dict[int, IncrementalDetokenizer] = field(default_factory=dict)
+    stop_reasons: dict[int, str | int] = field(default_factory=dict)
+    # seq_id -> (tokens, characters) a DELTA stream has already sent.
+    sent: dict[int, tuple[int, int]] = field(default_factory=dict)
+    prompt_logprobs: list | None = None
+
+    @property
+    def streams(self) -> bool:
+        return self.params.output_kind is not RequestOutputKind.FINAL_ONLY
+
+    @property
+    def needs_text(self) -> bool:
+        """Whether text is decoded at every step (for streaming or stop strings)."""
+        return self.streams or bool(self.params.stop)
+
+
 class RequestIntake:
     """The door of the engine: every request is checked, completely, before
     anything is queued, so bad input disturbs nothing in flight.
 
     Subclasses provide ``model``, ``tokenizer``, ``block_manager``,
-    ``scheduler`` and ``max_model_len``.
+    ``scheduler``, ``max_model_len`` and ``seed``.
     """
 
     def _init_intake(self) -> None:
         self._requests: dict[int, tuple[SequenceGroup, str | None, RequestMetrics]] = {}
+        self._states: dict[int, RequestState] = {}
+        # The ids callers gave -> the engine's own numbers.
+        self._external_ids: dict[str, int] = {}
         self._request_ids = itertools.count()
         self._t0 = time.perf_counter()
+        # Unseeded requests get a seed from this stream when the engine has one.
+        self._seeds = (
+            None if self.seed is None else torch.Generator().manual_seed(self.seed)
+        )
 
     def _now(self) -> float:
         return time.perf_counter() - self._t0
 
     def _token_ids(self, prompt, where: str) -> tuple[list[int], str | None]:
-        """Check one prompt; return its token ids and its text (None for ids)."""
+        """Check one prompt; return its token ids and its text (None for ids).
+
+        A prompt is a text, a list of token ids, or vLLM's dicts
+        ``{"prompt": text}`` and ``{"prompt_token_ids": ids}``.
+        """
+        if isinstance(prompt, dict):
+            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+            if unknown or not prompt:
+                raise ValueError(
+                    f"{where}: a prompt dict has 'prompt' (text) or "
+                    f"'prompt_token_ids', got keys {sorted(prompt)}"
+                )
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if isinstance(ids, (str, dict)):
+                    raise ValueError(f"{where}: prompt_token_ids must be token ids")
+                ids = ids.tolist() if hasattr(ids, "tolist") else ids
+                text = prompt.get("prompt")
+                return self._token_ids(ids, where)[0], text
+            if not isinstance(prompt["prompt"], str):
+                raise ValueError(f"{where}: 'prompt' must be text")
+            return self._token_ids(prompt["prompt"], where)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(
@@ -186,9 +305,7 @@ class RequestIntake:
             if not prompt:
                 raise ValueError(f"{where} is empty")
             return list(self.tokenizer(prompt).input_ids), prompt
-        if isinstance(prompt, (bytes, bytearray, dict)) or not hasattr(
-            prompt, "__iter__"
-        ):
+        if isinstance(prompt, (bytes, bytearray)) or not hasattr(prompt, "__iter__"):
             raise ValueError(f"{where} must be text or a list of token ids")
         ids = list(prompt)
         if not ids:
@@ -202,6 +319,28 @@ class RequestIntake:
                 )
         return [int(t) for t in ids], None
 
+    def _request_params(self, params, token_ids: list[int], where: str):
+        """The request's own copy of ``params``, checked again (a field changed
+        after construction is caught here): ``max_tokens=None`` becomes the room
+        left in the model, an unseeded request gets a seed from the engine's
+        ``seed``. Beam search parameters pass as they are."""
+        if params is None:
+            params = SamplingParams()
+        if hasattr(params, "beam_width"):
+            return params
+        try:
+            params = SamplingParams.from_params(params)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+        changes = {}
+        if params.max_tokens is None:
+            changes["max_tokens"] = max(1, self.max_model_len - len(token_ids))
+        if params.seed is None and self._seeds is not None:
+            changes["seed"] = int(torch.randint(2**62, (), generator=self._seeds))
+        if changes:
+            params = params.clone(**changes)
+        return params
+
     def _check_request(self, token_ids: list[int], params, where: str) -> None:
         """Refuse what could never be served, before anything is queued."""
         if len(token_ids) >= self.max_model_len:
@@ -213,6 +352,10 @@ class RequestIntake:
         bad = [t for t in getattr(params, "stop_token_ids", ()) if t >= vocab]
         if bad:
             raise ValueError(f"{where}: stop token ids {bad} are outside [0, {vocab})")
+        if getattr(params, "stop", None) and self.tokenizer is None:
+            raise ValueError(
+                f"{where}: stop strings need a tokenizer; this LLM has none"
+            )
         width = getattr(params, "n", 1)
         sched = self.scheduler
         if width > min(sched.max_num_seqs, sched.max_num_batched_tokens):
@@ -239,34 +382,74 @@ class RequestIntake:
         seq, rid = Sequence(token_ids, params), next(self._request_ids)
         if params.n == 1:
             return SequenceGroup(rid, seq, self._now())
-        from .groups import ParallelSamplingGroup
+        from pagedkv_lab.groups import ParallelSamplingGroup
 
         return ParallelSamplingGroup(rid, seq, self._now())
 
-    def _enqueue(self, group: SequenceGroup, text: str | None) -> int:
-        self._requests[group.request_id] = (group, text, RequestMetrics(self._now()))
+    def _enqueue(
+        self, group: SequenceGroup, text: str | None, request_id=None
+    ) -> int | str:
+        """Queue ``group``; return the id its outputs will carry."""
+        rid = group.request_id
+        self._requests[rid] = (group, text, RequestMetrics(self._now()))
+        if isinstance(group.params, SamplingParams):
+            external = rid if request_id is None else request_id
+            state = self._states[rid] = RequestState(external, group.params)
+            if group.params.prompt_logprobs is not None:
+                # The first prompt token has no log-probability (vLLM: None).
+                state.prompt_logprobs = [None]
+            if request_id is not None:
+                self._external_ids[request_id] = rid
         self.scheduler.add(group)
-        return group.request_id
+        return rid if request_id is None else request_id
+
+    def _check_request_id(self, request_id) -> None:
+        if request_id is None:
+            return
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(
+                f"request_id must be a non-empty string, got {request_id!r}"
+            )
+        if request_id in self._external_ids:
+            raise ValueError(f"request_id {request_id!r} is already in flight")
 
     def add_request(
         self,
-        prompt: str | list[int],
+        request_id,
+        prompt=_NOT_GIVEN,
         params: SamplingParams | None = None,
+        *,
         cache_salt: str | None = None,
-    ) -> int:
-        """Queue one request and return its id; outputs come from `step`.
+    ) -> int | str:
+        """Queue one request; its outputs come from `step`. Returns its id.
 
-        Bad input raises ValueError here and disturbs nothing in flight.
-        Requests with different ``cache_salt`` never share cached blocks.
+        vLLM's shape, ``add_request("req-1", prompt, params)``, takes a string
+        id; the shape of earlier chapters, ``add_request(prompt, params)``,
+        numbers the request itself. A prompt is a text, token ids, or
+        ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``. Bad input raises
+        ValueError here and disturbs nothing in flight. Requests with different
+        ``cache_salt`` never share cached blocks.
         """
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
+        vllm_shape = params is not None or (
+            isinstance(request_id, str)
+            and prompt is not _NOT_GIVEN
+            and prompt is not None
+            and not isinstance(prompt, BaseSamplingParams)
+        )
+        if not vllm_shape:
+            request_id, prompt, params = None, request_id, (
+                None if prompt is _NOT_GIVEN else prompt
+            )
+        self._check_request_id(request_id)
+        if params is not None and not isinstance(params, BaseSamplingParams):
             raise ValueError(f"expected SamplingParams, got {params!r}")
         token_ids, text = self._token_ids(prompt, "the prompt")
+        params = self._request_params(params, token_ids, "the prompt")
         self._check_request(token_ids, params, "the prompt")
         group = self._new_group(token_ids, params)
         group.seqs[0].cache_salt = cache_salt
-        return self._enqueue(group, text)
+        return self._enqueue(group, text, request_id)
+
 
 class LLMEngine(RequestIntake):
     """The engine loop, vLLM's ``LLMEngine``: `add_request`, then `step` until
@@ -282,18 +465,31 @@ class LLMEngine(RequestIntake):
         outputs another caller's `generate` finished for you."""
         return bool(self._unclaimed) or self.scheduler.has_unfinished
 
-    def abort(self, request_id: int) -> RequestOutput | None:
+    def _internal_id(self, request_id) -> int | None:
+        """The engine's number of a request, from the id its outputs carry."""
+        if isinstance(request_id, str):
+            return self._external_ids.get(request_id)
+        return request_id if request_id in self._requests else None
+
+    def abort(self, request_id: int | str) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its output so far
         (``finish_reason == "abort"``), or None if it is not in flight."""
-        if request_id not in self._requests:
+        rid = self._internal_id(request_id)
+        if rid not in self._requests:
             return None
-        group = self._requests[request_id][0]
+        group = self._requests[rid][0]
         self.scheduler.remove(group)
         for seq in group.seqs:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
         self.stats.aborts += 1
         return self._output(group, self._now())
+
+    def abort_request(self, request_id) -> None:
+        """vLLM's form of `abort`: one id or several; unknown ids are ignored."""
+        ids = [request_id] if isinstance(request_id, (str, int)) else request_id
+        for rid in ids:
+            self.abort(rid)
 
     def _fail(self, group: SequenceGroup, err: BaseException) -> RequestOutput:
         """End ``group`` with ``finish_reason="error"``; nothing else is touched."""
@@ -304,28 +500,80 @@ class LLMEngine(RequestIntake):
         self.stats.errors += 1
         return self._output(group, self._now(), f"{type(err).__name__}: {err}")
 
+    def _prompt_rows(self, seqs, num_new_tokens, groups) -> list[tuple[int, int, int]]:
+        """For each of ``seqs`` whose request still needs prompt log-probabilities
+        (``prompt_logprobs``) and computes some of those positions now: (its
+        index, the first such position's offset in its chunk, how many).
+
+        Position ``p`` predicts token ``p + 1``; a request preempted halfway
+        recomputes its prompt but gets each position's entry once.
+        """
+        wanted = []
+        for i, (seq, n, group) in enumerate(zip(seqs, num_new_tokens, groups)):
+            if getattr(group.params, "prompt_logprobs", None) is None:
+                continue
+            state = self._states.get(group.request_id)
+            if state is None:
+                continue
+            first = seq.num_computed_tokens
+            # Entries exist for tokens 0 .. have - 1: start at position have - 1.
+            start = max(first, len(state.prompt_logprobs) - 1)
+            count = min(first + n, seq.num_prompt_tokens - 1) - start
+            if count > 0:
+                wanted.append((i, start - first, count))
+        return wanted
+
+    @torch.inference_mode()
+    def _run_model(self, seqs, num_new_tokens, groups, ref_counts=None):
+        """The runner's forward pass: logits of each sequence's last new token,
+        and, for requests that asked for prompt log-probabilities, the logits of
+        every prompt position this step computes (``{index: [rows, vocab]}``)."""
+        wanted = self._prompt_rows(seqs, num_new_tokens, groups)
+        if not wanted:
+            return self.runner.run(seqs, num_new_tokens, ref_counts), {}
+        step = self.runner.prepare(seqs, num_new_tokens)
+        starts = step.query_start_loc.tolist()
+        extra = [
+            starts[i] + offset + j for i, offset, count in wanted for j in range(count)
+        ]
+        index = torch.tensor(extra, device=step.logits_index.device)
+        step.logits_index = torch.cat([step.logits_index, index])
+        logits = self.runner.forward(step).float()
+        main, rest = logits[: len(seqs)], logits[len(seqs) :]
+        prompt, at = {}, 0
+        for i, offset, count in wanted:
+            start = seqs[i].num_computed_tokens + offset
+            prompt[i], at = (start, rest[at : at + count]), at + count
+        return main, prompt
+
     def _forward(self, plan: SchedulerOutput, failed: list[RequestOutput]):
-        """Logits for the planned sequences; rows of requests that fail are None.
+        """Logits for the planned sequences (rows of requests that fail are
+        None), and the prompt logits `_run_model` returns, by plan index.
 
         If the batched forward raises, each request is retried alone, so a
         request that breaks the model fails by itself and the others go on.
         """
         try:
-            logits = self.runner.run(
-                plan.seqs, plan.num_new_tokens, self.block_manager.ref_counts
+            logits, prompt = self._run_model(
+                plan.seqs,
+                plan.num_new_tokens,
+                plan.groups,
+                self.block_manager.ref_counts,
             )
-            return list(logits)
+            return list(logits), prompt
         except AssertionError:
             raise
         except Exception:
             pass
         rows: list[torch.Tensor | None] = [None] * len(plan.seqs)
+        prompt_rows = {}
         for group in dict.fromkeys(plan.groups):
             mine = [i for i, g in enumerate(plan.groups) if g is group]
             try:
-                logits = self.runner.run(
+                logits, prompt = self._run_model(
                     [plan.seqs[i] for i in mine],
                     [plan.num_new_tokens[i] for i in mine],
+                    [group] * len(mine),
                 )
             except AssertionError:
                 raise
@@ -334,12 +582,29 @@ class LLMEngine(RequestIntake):
                 continue
             for i, row in zip(mine, logits):
                 rows[i] = row
-        return rows
+            prompt_rows.update({mine[j]: x for j, x in prompt.items()})
+        return rows, prompt_rows
+
+    def _keep_prompt_logprobs(self, plan, rows, prompt_rows) -> None:
+        """Turn this step's prompt logits into ``prompt_logprobs`` entries."""
+        for i, (start, logits) in prompt_rows.items():
+            if rows[i] is None:
+                continue
+            seq = plan.seqs[i]
+            state = self._states[plan.groups[i].request_id]
+            targets = seq.token_ids[start + 1 : start + 1 + len(logits)]
+            state.prompt_logprobs += top_logprobs(
+                logits.log_softmax(-1),
+                torch.tensor(targets, device=logits.device),
+                [state.params.prompt_logprobs] * len(targets),
+            )
 
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, copy blocks, one forward pass, sample,
-        free what finished. Returns the requests that finished (including those
-        another caller's `generate` finished since the last `step`)."""
+        free what finished. Returns an output for every request that finished
+        and, unless its ``output_kind`` is ``FINAL_ONLY``, for every request that
+        produced a token (``finished=False``); also the outputs another
+        caller's `generate` left for you since the last `step`."""
         outputs, self._unclaimed = self._unclaimed, []
         plan = self.last_plan = self.scheduler.schedule()
         if not plan.seqs:
@@ -351,7 +616,9 @@ class LLMEngine(RequestIntake):
             self.swap_space.copy_out(self.runner.kv_cache, plan.swap_out)
             self.swap_space.copy_in(self.runner.kv_cache, plan.swap_in)
         self.runner.kv_cache.copy_blocks(plan.block_copies)
-        rows = self._forward(plan, outputs)
+        rows, prompt_rows = self._forward(plan, outputs)
+        if prompt_rows:
+            self._keep_prompt_logprobs(plan, rows, prompt_rows)
         self.stats.tokens_computed += sum(
             n for n, row in zip(plan.num_new_tokens, rows) if row is not None
         )
@@ -363,6 +630,10 @@ class LLMEngine(RequestIntake):
         ):
             if rows[i] is None:
                 continue
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                metrics = self._requests[group.request_id][2]
+                if metrics.first_scheduled_time is None:
+                    metrics.first_scheduled_time = self._now()
             if seq.num_computed_tokens + n < seq.num_tokens:
                 seq.num_computed_tokens += n
                 self.block_manager.cache_blocks(seq)
@@ -382,13 +653,23 @@ class LLMEngine(RequestIntake):
                     self.max_model_len,
                     self.block_manager,
                 )
+                state = self._states.get(group.request_id)
+                if state is not None and (
+                    state.needs_text or state.params.stop_token_ids
+                ):
+                    self._postprocess(group, state)
             except Exception as err:
                 outputs.append(self._fail(group, err))
                 continue
             metrics = self._requests[group.request_id][2]
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
-        outputs += [self._output(g, now) for g in self.scheduler.free_finished()]
+        done = self.scheduler.free_finished()
+        outputs += [self._output(g, now) for g in done]
+        for group in sampling:
+            state = self._states.get(group.request_id)
+            if state is not None and state.streams and not group.is_finished:
+                outputs.append(self._output(group, now, final=False))
         self._update_stats()
         return outputs
 
@@ -416,27 +697,170 @@ class LLMEngine(RequestIntake):
             }
             s.utilization_sum += 1 - sum(empty.values()) / (held * s.block_size)
 
-    def _decode(self, token_ids: list[int]) -> str:
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def _is_eos(self, token: int, params) -> bool:
+        return not params.ignore_eos and token in self.eos_token_ids
+
+    def _hides_last_token(self, seq: Sequence, state: RequestState) -> bool:
+        """Whether the text leaves out the last token: a stop token (EOS or one
+        of ``stop_token_ids``) ended the sequence, as in vLLM, unless
+        ``include_stop_str_in_output``."""
+        p = state.params
+        return (
+            seq.finish_reason == "stop"
+            and not isinstance(state.stop_reasons.get(seq.seq_id), str)
+            and not p.include_stop_str_in_output
+            and bool(seq.output_token_ids)
+        )
+
+    def _postprocess(self, group: SequenceGroup, state: RequestState) -> None:
+        """After a step: which stop token ended a sequence, and, where text is
+        needed at every step (streaming, stop strings), its new text; a stop
+        string ends the sequence there."""
+        p = state.params
+        needs_text = state.needs_text and self.tokenizer is not None
+        for seq in group.seqs:
+            last = seq.token_ids[-1]
+            if (
+                seq.finish_reason == "stop"
+                and last in p.stop_token_ids
+                and seq.num_tokens > seq.num_prompt_tokens
+                and not self._is_eos(last, p)
+            ):
+                state.stop_reasons.setdefault(seq.seq_id, last)
+            if not needs_text:
+                continue
+            out = seq.output_token_ids
+            det = state.detokenizers.get(seq.seq_id)
+            if det is None:
+                det = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens)
+                state.detokenizers[seq.seq_id] = det
+            visible = len(out) - self._hides_last_token(seq, state)
+            if det.stopped or len(det.ids) >= visible:
+                continue
+            before = len(det.text)
+            det.add(out[len(det.ids) : visible])
+            if p.stop and len(out) > p.min_tokens:
+                self._check_stop_strings(seq, det, before, state)
+
+    @staticmethod
+    def _check_stop_strings(seq, det, before: int, state: RequestState) -> None:
+        """End ``seq`` at the first stop string in its new text (characters
+        from ``before`` on, with the overlap a string may have with older
+        text); the text ends before it, or after it with
+        ``include_stop_str_in_output``."""
+        found = None
+        for s in state.params.stop:
+            at = det.text.find(s, max(0, before - len(s) + 1))
+            if at >= 0 and (found is None or at < found[0]):
+                found = (at, s)
+        if found is None:
+            return
+        at, s = found
+        keep = at + len(s) if state.params.include_stop_str_in_output else at
+        det.text, det.stopped = det.text[:keep], True
+        seq.finish_reason = "stop"
+        state.stop_reasons[seq.seq_id] = s
+
+    def _logprobs(self, group: SequenceGroup, seq: Sequence):
+        """``seq``'s per-token log-probabilities, their tokens' text filled in."""
+        entries = group.logprobs.get(seq.seq_id, [])
+        if self.tokenizer is not None:
+            todo = [
+                (t, lp)
+                for d in entries
+                for t, lp in d.items()
+                if lp.decoded_token is None
+            ]
+            texts = self.tokenizer.batch_decode([[t] for t, _ in todo])
+            for (_, lp), text in zip(todo, texts):
+                lp.decoded_token = text
+        return list(entries)
+
+    def _completion(
+        self, index: int, seq: Sequence, group: SequenceGroup, state: RequestState
+    ) -> CompletionOutput:
+        """One completion of a request with a `RequestState`, as its
+        ``output_kind`` asks (a ``DELTA`` output has only what is new)."""
+        p = state.params
+        tokens = seq.output_token_ids
+        det = state.detokenizers.get(seq.seq_id)
+        if det is not None:
+            if seq.is_finished:
+                det.flush()
+            text = det.text
+            held = p.output_text_buffer_length
+            if held and not seq.is_finished:
+                text = text[: max(0, len(text) - held)]
+        else:
+            visible = len(tokens) - self._hides_last_token(seq, state)
+            text = self._decode(tokens[:visible], p.skip_special_tokens)
+        logprobs = None if p.logprobs is None else self._logprobs(group, seq)
+        if p.output_kind is RequestOutputKind.DELTA:
+            sent_tokens, sent_chars = state.sent.get(seq.seq_id, (0, 0))
+            state.sent[seq.seq_id] = (len(tokens), len(text))
+            tokens, text = tokens[sent_tokens:], text[sent_chars:]
+            if logprobs is not None:
+                logprobs = logprobs[sent_tokens:]
+        return CompletionOutput(
+            index,
+            text,
+            list(tokens),
+            seq.cumulative_logprob,
+            seq.finish_reason,
+            logprobs=logprobs,
+            stop_reason=state.stop_reasons.get(seq.seq_id),
+        )
 
     def _output(
-        self, group: SequenceGroup, now: float, error: str | None = None
+        self,
+        group: SequenceGroup,
+        now: float,
+        error: str | None = None,
+        final: bool = True,
     ) -> RequestOutput:
-        _, prompt, metrics = self._requests.pop(group.request_id)
-        results = group.results()
-        metrics.finish_time = now
-        metrics.num_output_tokens = max((len(r[0]) for r in results), default=0)
-        outputs = [
-            CompletionOutput(i, self._decode(tokens), tokens, cum, reason, score)
-            for i, (tokens, cum, reason, score) in enumerate(results)
-        ]
+        """The request's output: ``final`` when it is done (then the engine
+        forgets it), otherwise a streamed one."""
+        rid = group.request_id
+        if final:
+            _, prompt, metrics = self._requests.pop(rid)
+            state = self._states.pop(rid, None)
+            if state is not None and isinstance(state.request_id, str):
+                self._external_ids.pop(state.request_id, None)
+            metrics.finish_time = now
+        else:
+            _, prompt, metrics = self._requests[rid]
+            state = self._states[rid]
         seq = group.seqs[0]
         prompt_ids = seq.token_ids[: seq.num_prompt_tokens]
+        if state is None:
+            # Beam search, or a group queued by hand: chapter 06's output.
+            results = group.results()
+            metrics.num_output_tokens = max((len(r[0]) for r in results), default=0)
+            outputs = [
+                CompletionOutput(i, self._decode(tokens), tokens, cum, reason, score)
+                for i, (tokens, cum, reason, score) in enumerate(results)
+            ]
+            return RequestOutput(rid, prompt, prompt_ids, outputs, metrics, error)
+        seqs = sorted(group.seqs, key=lambda s: s.sample_index)
+        metrics.num_output_tokens = max(len(s.output_token_ids) for s in seqs)
+        outputs = [self._completion(i, s, group, state) for i, s in enumerate(seqs)]
         return RequestOutput(
-            group.request_id, prompt, prompt_ids, outputs, metrics, error
+            state.request_id,
+            prompt,
+            prompt_ids,
+            outputs,
+            metrics,
+            error,
+            finished=final,
+            num_cached_tokens=group.num_cached_tokens or 0,
+            prompt_logprobs=state.prompt_logprobs,
         )
+
 
 def default_dtype(device: torch.device) -> torch.dtype:
     """The dtype `LLM` loads a model in when none is given, the library's one
@@ -448,14 +872,79 @@ def default_dtype(device: torch.device) -> torch.dtype:
         return torch.float32
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(dtype) -> torch.dtype | None:
+    """``dtype`` as `LLM` takes it: a torch dtype, its name (vLLM's strings:
+    ``"float16"``, ``"bfloat16"``, ``"float32"``...) or ``"auto"``/None (None:
+    the library's rule, `default_dtype`, for a model loaded by name)."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point type, got {dtype}")
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(
+        f"dtype must be 'auto', a torch dtype or one of {sorted(_DTYPES)}, "
+        f"got {dtype!r}"
+    )
+
+
+def _as_seed(name: str, value, none_ok: bool = False) -> int | None:
+    """A seed as a Python int (NumPy integers too), or a ValueError naming it."""
+    if value is None and none_ok:
+        return None
+    _check_int(name, value, 0)
+    return int(value)
+
+
+def eos_token_ids(model, tokenizer) -> frozenset[int]:
+    """Every end-of-sequence id a request stops at: the tokenizer's, the
+    config's and the generation config's, each one id or a list (Llama 3 ends
+    a turn with ``<|eot_id|>`` as well as ``<|end_of_text|>``)."""
+    found: set[int] = set()
+    sources = [
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ]
+    for eos in sources:
+        for t in [eos] if _is_token_id(eos) else (eos or []):
+            if _is_token_id(t):
+                found.add(int(t))
+    return frozenset(found)
+
+
 class LLM(LLMEngine):
     """Serve a causal LM with a paged KV cache and continuous batching.
 
     ``model`` is an offline model name (``"tiny-llama"``...), a Hugging Face
-    checkpoint name or local path, a loaded ``PreTrainedModel`` (token-id
-    prompts only), or a ``(model, tokenizer)`` pair. A loaded model is served
-    where it is, and left as it was: the paged attention is switched on only
-    inside the engine's own forward passes.
+    checkpoint name or local path, a loaded ``PreTrainedModel``, or a
+    ``(model, tokenizer)`` pair; ``tokenizer`` (a tokenizer object) replaces
+    or supplies the tokenizer (without one, prompts are token ids). The
+    architectures served are Llama, Mistral and Qwen2. A loaded model is
+    served where it is, and left as it was: the paged attention is switched on
+    only inside the engine's own forward passes.
+
+    ``seed`` seeds sampling, as vLLM's does: every request without its own
+    seed gets one drawn from a stream seeded with it, so two engines with the
+    same seed, given the same requests in the same order, sample the same
+    tokens (None, the default: unseeded requests draw from torch's global
+    random state). ``weights_seed`` seeds an offline model's random weights.
+    A request stops at every end-of-sequence id of the tokenizer, the model's
+    config and its generation config.
 
     ``fused_forward`` picks who runs the decoder layers: the engine's
     `FusedModelRunner` (fused, prepacked projections; True), the model's own
@@ -467,7 +956,9 @@ class LLM(LLMEngine):
     ``gpu_memory_utilization``): the pool gets what is left of it after the
     weights and the peak activations of one forward pass over
     ``max_num_batched_tokens`` tokens, measured by a profiling run. By default
-    0.9 on a GPU, 256 MiB on a CPU. ``dtype`` defaults to `default_dtype`.
+    0.9 on a GPU, 256 MiB on a CPU. ``dtype`` is a torch dtype or its name
+    (``"float16"``, ``"bfloat16"``, ``"float32"``); ``"auto"`` (or None) loads a
+    model by name in `default_dtype` and serves a loaded one as it is.
     ``max_model_len`` defaults to the
     model's positions, or what the pool holds if that is less.
     ``enable_prefix_caching`` keeps freed blocks as a cache that later requests
@@ -484,6 +975,7 @@ class LLM(LLMEngine):
     def __init__(
         self,
         model="tiny-llama",
+        tokenizer=None,
         *,
         block_size: int = 16,
         kv_cache_memory: int | float | None = None,
@@ -491,8 +983,9 @@ class LLM(LLMEngine):
         max_model_len: int | None = None,
         max_num_batched_tokens: int | None = None,
         device: str | torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        seed: int = 0,
+        dtype: str | torch.dtype | None = "auto",
+        seed: int | None = None,
+        weights_seed: int = 0,
         reserve_max_len: bool = False,
         enable_prefix_caching: bool = False,
         watermark: float = 0.01,
@@ -510,7 +1003,18 @@ class LLM(LLMEngine):
             raise ValueError(
                 f"fused_forward must be None, True or False, got {fused_forward!r}"
             )
-        self.model, self.tokenizer = self._load(model, device, dtype, seed)
+        self.seed = _as_seed("seed", seed, none_ok=True)
+        weights_seed = _as_seed("weights_seed", weights_seed)
+        dtype = parse_dtype(dtype)
+        self.model, self.tokenizer = self._load(model, device, dtype, weights_seed)
+        if tokenizer is not None:
+            if isinstance(tokenizer, str) or not callable(
+                getattr(tokenizer, "decode", None)
+            ):
+                raise ValueError(
+                    f"tokenizer must be a tokenizer object, got {tokenizer!r}"
+                )
+            self.tokenizer = tokenizer
         device = next(self.model.parameters()).device
         config = self.model.config
         positions = getattr(config, "max_position_embeddings", None) or 2**31
@@ -572,9 +1076,7 @@ class LLM(LLMEngine):
             self.scheduler = self._preemption_scheduler(
                 preemption_mode, swap_space, victim, settings
             )
-        eos = config.eos_token_id if self.tokenizer is None else None
-        eos = self.tokenizer.eos_token_id if self.tokenizer is not None else eos
-        self.eos_token_ids = frozenset([eos] if _is_token_id(eos) else (eos or []))
+        self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.stats = EngineStats(num_blocks, block_size)
         self._unclaimed: list[RequestOutput] = []
         # The plan of the latest step, for inspection.
@@ -706,14 +1208,64 @@ class LLM(LLMEngine):
             )
         checked = []
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
-            sp = SamplingParams() if sp is None else sp
-            if not isinstance(sp, SamplingParams):
+            if sp is not None and not isinstance(sp, BaseSamplingParams):
                 raise ValueError(f"sampling parameters {i}: got {sp!r}")
             token_ids, text = self._token_ids(prompt, f"prompt {i}")
+            sp = self._request_params(sp, token_ids, f"prompt {i}")
+            # generate returns whole outputs: nothing is streamed.
+            sp.output_kind = RequestOutputKind.FINAL_ONLY
             self._check_request(token_ids, sp, f"prompt {i}")
             checked.append((token_ids, sp, text))
         ids = [self._enqueue(self._new_group(t, sp), text) for t, sp, text in checked]
         return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role": ...,
+        "content": ...}`` messages) or a list of conversations, through the
+        tokenizer's chat template (or ``chat_template``), as vLLM's
+        ``LLM.chat``. The offline models' tokenizer has a small template."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer; this LLM has none")
+        if isinstance(messages, dict) or not isinstance(messages, (list, tuple)):
+            raise ValueError(
+                "messages must be a list of {'role', 'content'} dicts, or a list "
+                f"of such lists, got {messages!r}"
+            )
+        conversations = (
+            [messages] if not messages or isinstance(messages[0], dict) else messages
+        )
+        prompts = []
+        for i, conv in enumerate(conversations):
+            if not conv or not all(
+                isinstance(m, dict) and "role" in m and "content" in m for m in conv
+            ):
+                raise ValueError(
+                    f"conversation {i}: every message must be a dict with 'role' "
+                    "and 'content'"
+                )
+            template = chat_template or getattr(self.tokenizer, "chat_template", None)
+            if not template:
+                raise ValueError(
+                    "the tokenizer has no chat template: pass chat_template"
+                )
+            text = self.tokenizer.apply_chat_template(
+                conv,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=template,
+            )
+            # The template writes the special tokens itself (BOS included).
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     def beam_search(self, prompts, params, use_tqdm: bool = False) -> list:
         """Beam search for every prompt, on shared blocks (chapter 07).
@@ -761,7 +1313,7 @@ class LLM(LLMEngine):
         try:
             while len(outputs) < len(ids):
                 for out in self.step():
-                    if out.request_id in wanted:
+                    if out.finished and out.request_id in wanted:
                         outputs[out.request_id] = out
                         if bar is not None:
                             bar.update(1)

@@ -10,7 +10,9 @@ real checkpoint through the same function.
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 from functools import lru_cache
 from importlib import resources
 
@@ -35,6 +37,15 @@ OFFLINE_MODELS: dict[str, str] = {
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 _NUM_SPECIAL = 3  # ids 0, 1, 2; byte b gets id b + 3
+
+#: The offline tokenizer's chat template: each message as ``<|role|>``, a
+#: newline, its content and ``</s>``; the generation prompt opens the
+#: assistant's turn.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def _read_config_json(name: str) -> dict:
@@ -111,7 +122,26 @@ def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
         additional_special_tokens=reserved,
     )
     tok.padding_side = "left"  # decoder-only generation pads on the left
+    tok.chat_template = CHAT_TEMPLATE
     return tok
+
+
+def check_offline_name(name: str) -> None:
+    """Fail fast on a mistyped offline name: a name close to one of
+    `OFFLINE_MODELS` that is neither a Hub name (``org/model``) nor a local
+    path raises ValueError with a suggestion, before any network call."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"model must be a name or a path, got {name!r}")
+    known = [*OFFLINE_MODELS, *real_model_shapes()]
+    if name in known or "/" in name or os.path.exists(name):
+        return
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    if close:
+        raise ValueError(
+            f"unknown model {name!r}: did you mean {close[0]!r}? Offline models: "
+            f"{sorted(OFFLINE_MODELS)}; real shapes with random weights: "
+            f"{sorted(real_model_shapes())}; Hub models are named 'org/model'"
+        )
 
 
 def load_model(
@@ -135,6 +165,7 @@ def load_model(
     checkpoint saved with ``save_pretrained``.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
+    check_offline_name(name)
     if name in real_model_shapes():
         model = _random_model(real_model_shapes()[name], seed, dtype, device)
         tokenizer = build_tokenizer(model.config.vocab_size)

@@ -258,6 +258,8 @@ def serve_online(
             index += 1
         if llm.has_unfinished_requests():
             for out in llm.step():
+                if not out.finished:
+                    continue
                 done[ids[out.request_id]] = (
                     time.perf_counter() - start - arrivals[ids[out.request_id]],
                     len(out.token_ids),

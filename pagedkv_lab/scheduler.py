@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import Sequence, sample, token_logprobs
+from .engine import Sequence, token_logprobs
+from .sampling import sample, sample_logprobs
 
 
 class SequenceGroup:
@@ -26,6 +27,10 @@ class SequenceGroup:
         self.seqs = [seq]
         self.prompt_len = seq.num_prompt_tokens
         self.arrival_time = arrival_time
+        # Prompt tokens found in the prefix cache when first admitted (chapter 08).
+        self.num_cached_tokens: int | None = None
+        # seq_id -> per-token log-probabilities, for requests that ask.
+        self.logprobs: dict[int, list] = {}
 
     @property
     def params(self):
@@ -71,9 +76,14 @@ class SequenceGroup:
         block_manager,
     ) -> None:
         """Sample one token for each of ``seqs`` (whose rows ``logits`` holds)."""
-        tokens = sample(logits, seqs)
-        for seq, token, lp in zip(seqs, tokens, token_logprobs(logits, tokens)):
+        tokens = sample(logits, seqs, eos_token_ids)
+        chosen = token_logprobs(logits, tokens)
+        for seq, token, lp, top in zip(
+            seqs, tokens, chosen, sample_logprobs(logits, seqs, tokens)
+        ):
             seq.append_token(token, eos_token_ids, max_model_len, lp)
+            if top is not None:
+                self.logprobs.setdefault(seq.seq_id, []).append(top)
 
     def results(self) -> list[tuple[list[int], float, str, float | None]]:
         """Each completion: (output tokens, cumulative logprob, finish reason,
@@ -233,7 +243,10 @@ class Scheduler(SchedulerQueues):
             if self.num_running_seqs + group.max_running_seqs > self.max_num_seqs:
                 break
             seq, limit = group.running_seqs[0], group.prefill_limit
-            cached = bm.num_cached_tokens(seq, limit)
+            # A request that wants its prompt's log-probabilities computes the
+            # whole prompt (vLLM does the same).
+            wants_prompt = getattr(group.params, "prompt_logprobs", None) is not None
+            cached = 0 if wants_prompt else bm.num_cached_tokens(seq, limit)
             n = min(limit - cached, budget)
             watermark = self.watermark_blocks if self.running else 0
             # Admit a group only if all its sequences can resume, not just the
@@ -243,6 +256,8 @@ class Scheduler(SchedulerQueues):
                 break
             self.waiting.popleft()
             bm.allocate(seq, cached, n, self.reserve_tokens)
+            if group.num_cached_tokens is None:
+                group.num_cached_tokens = cached
             self.running.append(group)
             out.add(seq, n, group)
             budget -= n

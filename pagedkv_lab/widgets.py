@@ -549,7 +549,7 @@ def trace_beam_search(
     from .groups import BeamSearchGroup, BeamSearchParams
     from .llm import LLM, RequestMetrics
 
-    llm = LLM(model, block_size=block_size, kv_cache_memory=2**20, seed=seed)
+    llm = LLM(model, block_size=block_size, kv_cache_memory=2**20, weights_seed=seed)
     llm.eos_token_ids = frozenset()
     g = torch.Generator().manual_seed(seed)
     prompt = [1] + torch.randint(3, 259, (prompt_len - 1,), generator=g).tolist()

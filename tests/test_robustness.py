@@ -83,9 +83,10 @@ def _assert_pool_consistent(llm: LLM) -> None:
 
 
 def _drain(llm: LLM) -> list:
+    """Step to the end; the finished outputs (a step also streams the others)."""
     outs = []
     while llm.has_unfinished_requests():
-        outs += llm.step()
+        outs += [o for o in llm.step() if o.finished]
     assert llm.step() == []
     return outs
 
@@ -135,7 +136,7 @@ def test_tensors_and_arrays_are_accepted_as_prompts(prompts, expected):
     [
         (b"abc", "not bytes"),
         (torch.ones(1, 2, 3, dtype=torch.long), "1-D .* or 2-D"),
-        ({"a": 1}, "prompts must be"),
+        ({"a": 1}, "a prompt dict has 'prompt'"),
         (5, "prompts must be"),
     ],
 )
@@ -301,6 +302,9 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _collect(self, outs):
         for out in outs:
+            if not out.finished:
+                assert out.error is None and out.finish_reason is None
+                continue
             assert out.request_id not in self.outputs, "an output came back twice"
             self.outputs[out.request_id] = out
 
