@@ -3,6 +3,7 @@
 # writes a report folder (`make gpu-check`; OUT=dir to choose it):
 #   versions.txt, nvidia-smi.txt  the machine and the software
 #   pytest.txt, pytest.xml        tests/test_gpu.py and tests/test_attention.py
+#   kernels/, kernels.txt         scripts/kernel_ladder.py (summary.txt: the targets)
 #   notebooks/NN_*.ipynb, .log    chapters 04-11 executed with GPU sizes
 #                                 (copies: the committed CPU outputs stay as they are)
 #   bench/, bench.txt             python -m pagedkv_lab.bench all
@@ -11,11 +12,11 @@
 # Environment: OUT (default gpu-report), PY (default .venv/bin/python, else
 # python3: `PY=python3 bash scripts/gpu_check.sh` on a GPU machine whose python
 # already has the package's requirements and no network), STEP_TIMEOUT (seconds
-# per step, default 600), STEPS (default "tests notebooks bench"; the versions
+# per step, default 600), STEPS (default "tests kernels notebooks bench"; the versions
 # always run) and CHAPTERS (default "04 05 06 07 08 09 10 11"), to split a run
 # over several commands, e.g. STEPS=notebooks CHAPTERS="10 11".
 set -u
-STEPS="${STEPS:-tests notebooks bench}"
+STEPS="${STEPS:-tests kernels notebooks bench}"
 CHAPTERS="${CHAPTERS:-04 05 06 07 08 09 10 11}"
 wants() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
@@ -84,6 +85,12 @@ if wants tests; then
   run_step "pytest test_gpu + test_attention" "$OUT/pytest.txt" \
     "$PY" -m pytest tests/test_gpu.py tests/test_attention.py -q -p no:cacheprovider \
     --junitxml="$OUT/pytest.xml"
+fi
+
+# 2b. every attention kernel checked and timed, the targets last
+if wants kernels; then
+  run_step "kernel ladder" "$OUT/kernels.txt" \
+    "$PY" scripts/kernel_ladder.py --out "$OUT/kernels"
 fi
 
 # 3. chapters 04-11, executed with GPU sizes, into the report (not in place)
