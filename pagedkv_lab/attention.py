@@ -693,22 +693,78 @@ if triton is not None:
             lse_offs = tokens * stride_lse_tok + heads * stride_lse_head + segment
             tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
 
+if triton is not None:
+
+    @triton.jit
+    def _merge_segments_kernel(
+        out_ptr, lse_ptr, dst_ptr,
+        stride_o_tok, stride_o_head, stride_o_seg,
+        stride_lse_tok, stride_lse_head, stride_d_tok, stride_d_head,
+        NUM_SEGMENTS: tl.constexpr, SEG_PAD: tl.constexpr,
+        HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    ):  # fmt: skip
+        tok, head = tl.program_id(0), tl.program_id(1)
+        seg = tl.arange(0, SEG_PAD)
+        lse_offs = tok * stride_lse_tok + head * stride_lse_head + seg
+        seg_ok = seg < NUM_SEGMENTS
+        lse = tl.load(lse_ptr + lse_offs, mask=seg_ok, other=float("-inf"))
+        top = tl.max(lse, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        weight = tl.exp(lse - top)  # an empty segment (lse -inf) weighs 0
+        d = tl.arange(0, DIM_PAD)
+        offs = (
+            tok * stride_o_tok
+            + head * stride_o_head
+            + seg[:, None] * stride_o_seg
+            + d[None, :]
+        )
+        mask = seg_ok[:, None] & (d < HEAD_DIM)[None, :]
+        outs = tl.load(out_ptr + offs, mask=mask, other=0.0)
+        merged = tl.sum(outs * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+        dst = dst_ptr + tok * stride_d_tok + head * stride_d_head + d
+        tl.store(dst, merged.to(dst_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def merge_segments(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype):
+    """`merge_partial_attention` of ``outs`` ``[tokens, heads, segments, D]`` and
+    ``lses`` ``[tokens, heads, segments]`` (fp32) in one Triton launch; the
+    result in ``dtype``."""
+    tokens, heads, segments, head_dim = outs.shape
+    dst = _new_buffer((tokens, heads, head_dim), dtype, outs.device)
+    _merge_segments_kernel[(tokens, heads)](
+        outs, lses, dst,
+        outs.stride(0), outs.stride(1), outs.stride(2),
+        lses.stride(0), lses.stride(1), dst.stride(0), dst.stride(1),
+        NUM_SEGMENTS=segments, SEG_PAD=triton.next_power_of_2(segments),
+        HEAD_DIM=head_dim,
+        DIM_PAD=triton.next_power_of_2(head_dim),
+    )  # fmt: skip
+    return dst
+
 #: (rows per program, keys per tile) by launch: a decode step has one query per
 #: sequence, so its programs take 16 rows (tl.dot's least); a prefill fills 64.
-#: A first guess, to be tuned on each GPU (`python -m pagedkv_lab.bench kernel`).
-TILE_SIZES = {"decode": (16, 64), "prefill": (64, 64)}
+#: Decode's 128 keys per tile won a sweep on an H100 (`scripts/kernel_ladder.py
+#: --sections tune`, bf16, Llama-3-8B's heads); prefill's is a first guess.
+TILE_SIZES = {"decode": (16, 128), "prefill": (64, 64)}
+
+
+#: Programs per multiprocessor that `tiled_segments` aims for.
+PROGRAMS_PER_SM = 2
 
 
 def tiled_segments(num_programs: int, max_tiles: int, device: torch.device) -> int:
     """KV segments per query block: enough programs to cover a GPU's
-    multiprocessors twice when the batch alone does not, at most 16 and never
+    multiprocessors ``PROGRAMS_PER_SM`` times when the batch alone does not, a
+    power of two (each count compiles its own kernel), at most 16 and never
     more than a sequence's tiles; 1 where programs do not run in parallel."""
     if device.type != "cuda" or num_programs <= 0:
         return 1
-    want = 2 * _multiprocessors(device.index or 0)
+    want = PROGRAMS_PER_SM * _multiprocessors(device.index or 0)
     if num_programs >= want:
         return 1
-    return max(1, min(16, max_tiles, -(-want // num_programs)))
+    segments = triton.next_power_of_2(-(-want // num_programs))
+    most = 1 << (max(1, max_tiles).bit_length() - 1)  # a power of two <= max_tiles
+    return min(16, segments, most)
 
 
 def paged_attention_tiled(
@@ -722,13 +778,16 @@ def paged_attention_tiled(
     num_segments: int | None = None,
     tile_sizes: tuple[int, int] | None = None,
     check: bool = True,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Paged attention with the tiled Triton kernel, decode and prefill alike.
 
     Without ``query_start_loc``: decode, one query per sequence (the contract of
     `paged_decode_torch`); with it, causal varlen prefill (`paged_prefill_torch`),
     prefix-cache hits and chunks included. ``num_segments`` and ``tile_sizes``
-    override `tiled_segments` and `TILE_SIZES`. Launches one kernel (and a
+    override `tiled_segments` and `TILE_SIZES`; ``num_warps`` and ``num_stages``
+    Triton's defaults. Launches one kernel (and a
     merge when the keys are split); reads nothing back from the GPU.
     """
     _check_triton_args(q, k_cache, v_cache, block_tables, context_lens, any_block=True)
@@ -763,6 +822,7 @@ def paged_attention_tiled(
         lse = _new_buffer(shape, torch.float32, q.device)
     scale = scale if scale is not None else 1 / math.sqrt(head_dim)
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    launch = dict(num_warps=num_warps, num_stages=num_stages)
     _tiled_attention_kernel[(num_blocks_q, kv_heads, num_segments)](
         q, k_cache, v_cache, block_tables, context_lens, query_start_loc, out, lse,
         scale * 1.4426950408889634, num_seqs,
@@ -774,10 +834,11 @@ def paged_attention_tiled(
         HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, TILE_N=max(16, tile_n), NUM_SEGMENTS=num_segments,
         UPCAST=interpreting or q.dtype == torch.float32,
+        **{k: v for k, v in launch.items() if v is not None},
     )  # fmt: skip
     if num_segments == 1:
         return out[:, :, 0]
-    return merge_partial_attention(out, lse).to(q.dtype)
+    return merge_segments(out, lse, q.dtype)
 
 # the kernel's source ships inside the package (package data)
 CSRC = Path(

@@ -54,7 +54,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 
 import torch
@@ -67,22 +67,38 @@ def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
     return torch.empty(256 * 2**20, dtype=torch.int8, device=device)
 
 
+def _graph_replay(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn``'s launches captured once in a CUDA graph; returns its replay."""
+    fn()  # outside the capture first: compiles kernels, creates handles
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def time_calls(
     fns: dict[str, Callable[[], object]],
     device: torch.device,
     repeats: int = 20,
     warmup: int = 3,
+    graphs: Collection[str] = (),
 ) -> dict[str, float]:
     """Seconds per call of each function, timed in alternation.
 
     Every round calls each function once, so drift in the machine's load (other
     processes, clock changes) falls on all of them alike. On a GPU each call is
     timed with CUDA events after an L2 flush, as ``triton.testing.do_bench``
-    does, and the median is returned. On a CPU calls are timed with
-    ``perf_counter`` and the minimum is returned: other processes on a shared
-    machine only ever add time (a thread of a parallel region that loses its
-    core stalls the whole region), so the fastest round is the least disturbed.
+    does, and the median is returned; the functions named in ``graphs`` are
+    captured in a CUDA graph and their replays timed, which leaves out the
+    host's launch overhead (the engine replays its decode steps so). On a CPU
+    calls are timed with ``perf_counter`` and the minimum is returned: other
+    processes on a shared machine only ever add time (a thread of a parallel
+    region that loses its core stalls the whole region), so the fastest round
+    is the least disturbed.
     """
+    if device.type == "cuda":
+        fns = {k: _graph_replay(f) if k in graphs else f for k, f in fns.items()}
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -155,6 +171,9 @@ def decode_path_name(device: torch.device, head_dim: int = 64) -> str:
     return "PyTorch"
 
 
+GRAPHED_CALLS = ("contiguous", "paged", "first_triton")
+
+
 def kernel_benchmark(
     device: torch.device,
     batch_sizes=(1, 8, 32),
@@ -174,7 +193,10 @@ def kernel_benchmark(
     One row per (batch, context). Times, in alternation: contiguous SDPA;
     `paged_decode` as the engine calls it (``check=False``, a reused workspace,
     int32 tables, int64 lengths): the Triton kernel on CUDA, the C++ kernel on a
-    CPU; and the PyTorch gather + SDPA path. On a CPU the grid is timed in three
+    CPU; and the PyTorch gather + SDPA path. On CUDA, contiguous SDPA, the
+    paged kernel and the first Triton kernel (the rung below) are timed as
+    CUDA-graph replays, as a graphed decode step runs them; the PyTorch path,
+    which reads lengths back to the host, as launched. On a CPU the grid is timed in three
     passes of ``repeats // 3`` rounds each and every time is the best of the
     passes, so that a burst of load from other processes spoils one pass of a
     row, not the row. On CUDA each row is timed once, on its own (the whole grid
@@ -237,7 +259,10 @@ def kernel_benchmark(
             }
             rows.append(row)
             if cuda:  # time this row now and free its tensors
-                _fill_kernel_row(row, time_calls(row_calls, device, repeats))
+                # the kernels as a graphed decode step runs them: replays (the
+                # PyTorch path reads lengths back to the host and cannot be captured)
+                t = time_calls(row_calls, device, repeats, graphs=GRAPHED_CALLS)
+                _fill_kernel_row(row, t)
                 kv_bytes = row["kv_bytes"]
                 src = torch.empty(kv_bytes, dtype=torch.uint8, device=device)
                 dst = torch.empty_like(src)

@@ -127,6 +127,8 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.sample_index = sample_index
         self.generator = make_generator(params.seed, sample_index)
+        # its stream for draws on a GPU, made there on first use (sampling.py)
+        self.device_generator: torch.Generator | None = None
         # Anything besides the tokens that changes K/V, for prefix caching's
         # keys (chapter 08): requests with different salts never share blocks.
         self.cache_salt: str | None = None
@@ -441,28 +443,36 @@ def pack_step(
     tables = [
         s.block_table.blocks + [-1] * (width - len(s.block_table.blocks)) for s in seqs
     ]
-
-    def as_long(x):
-        return torch.tensor(x, dtype=torch.long, device=device)
-
     decode = [i for i, n in enumerate(num_new_tokens) if n == 1]
     prefill = [i for i, n in enumerate(num_new_tokens) if n != 1]
     prefill_rows = [r for i in prefill for r in range(starts[i], starts[i + 1])]
     prefill_starts = [0]
     for i in prefill:
         prefill_starts.append(prefill_starts[-1] + num_new_tokens[i])
+    last = [s - 1 for s in starts[1:]]
+    parts = [ids, pos, slots, ctx, starts, last, decode, prefill, prefill_rows]
+    parts += [prefill_starts, [b for row in tables for b in row]]
+    # Every field in one tensor and one copy. On a GPU the copy starts from
+    # pinned memory: a copy from ordinary memory would first wait for all the
+    # work queued on the GPU.
+    flat = torch.tensor([x for part in parts for x in part], dtype=torch.long)
+    if torch.device(device).type == "cuda":
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    else:
+        flat = flat.to(device)
+    fields = flat.split([len(part) for part in parts])
     return StepInputs(
-        input_ids=as_long(ids),
-        positions=as_long(pos),
-        slot_mapping=as_long(slots),
-        block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-        context_lens=as_long(ctx),
-        query_start_loc=as_long(starts),
-        logits_index=as_long(starts[1:]) - 1,
-        decode_seqs=as_long(decode),
-        prefill_seqs=as_long(prefill),
-        prefill_rows=as_long(prefill_rows),
-        prefill_query_start_loc=as_long(prefill_starts),
+        input_ids=fields[0],
+        positions=fields[1],
+        slot_mapping=fields[2],
+        block_tables=fields[10].view(len(seqs), width).to(torch.int32),
+        context_lens=fields[3],
+        query_start_loc=fields[4],
+        logits_index=fields[5],
+        decode_seqs=fields[6],
+        prefill_seqs=fields[7],
+        prefill_rows=fields[8],
+        prefill_query_start_loc=fields[9],
     )
 
 class ModelRunner:
@@ -510,12 +520,20 @@ class ModelRunner:
         ``ref_counts`` (the block manager's, chapter 07), it checks that no
         slot written belongs to a block another sequence also reads.
         """
-        step = self.prepare(seqs, num_new_tokens)
         if ref_counts is not None:
-            written = set((step.slot_mapping // self.block_size).tolist())
-            shared = [b for b in written if ref_counts[b] != 1]
-            assert not shared, f"writing into shared or free blocks {shared}"
-        return self.forward(step).float()
+            self.check_writes(seqs, num_new_tokens, ref_counts)
+        return self.forward(self.prepare(seqs, num_new_tokens)).float()
+
+    def check_writes(self, seqs, num_new_tokens, ref_counts) -> None:
+        """Assert that no block this step writes is shared or free, from the
+        block tables on the host (reading the step's slots back from a GPU
+        would make the host wait for it)."""
+        bs, shared = self.block_size, []
+        for seq, n in zip(seqs, num_new_tokens):
+            first, last = seq.num_computed_tokens, seq.num_computed_tokens + n - 1
+            blocks = seq.block_table.blocks[first // bs : last // bs + 1]
+            shared += [b for b in blocks if ref_counts[b] != 1]
+        assert not shared, f"writing into shared or free blocks {shared}"
 
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Logits ``[num_seqs, vocab]`` of one step: the model's own forward

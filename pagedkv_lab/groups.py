@@ -84,7 +84,7 @@ class ParallelSamplingGroup(ForkingGroup):
             return self.width
         return len(self.running_seqs)
 
-    def process(self, seqs, logits, eos_token_ids, max_model_len, block_manager):
+    def sampling_rows(self, seqs, block_manager):
         if len(self.seqs) < self.width:
             # The prompt's one row of logits serves every sample.
             leader = seqs[0]
@@ -92,9 +92,8 @@ class ParallelSamplingGroup(ForkingGroup):
                 child = leader.fork(sample_index=i)
                 block_manager.fork(leader, child, self.prompt_len)
                 self.seqs.append(child)
-            seqs = list(self.seqs)
-            logits = logits.expand(len(seqs), -1)
-        super().process(seqs, logits, eos_token_ids, max_model_len, block_manager)
+            return list(self.seqs), [0] * self.width
+        return super().sampling_rows(seqs, block_manager)
 
 @dataclass
 class BeamSearchParams:
@@ -157,6 +156,9 @@ class BeamSearchGroup(ForkingGroup):
     """Beam search inside the engine: beams share blocks through fork, a pruned
     beam frees its blocks at once, a beam that extends a shared partial block
     copies it on write (the block manager does that at the next step)."""
+
+    # The beams' logits are ranked together, by this group's own `process`.
+    samples_in_batch = False
 
     def __init__(
         self,

@@ -16,11 +16,14 @@ from transformers import PreTrainedModel
 from .block_manager import BlockManager
 from .engine import PagedKVCache, Sequence, _check_int
 from .engine import SamplingParams as BaseSamplingParams
-from .fused import runner_class
+from .fused import FusedModelRunner, runner_class
+from .graphs import GraphedModelRunner
 from .sampling import (
     Logprob,
     RequestOutputKind,
     SamplingParams,
+    sample_batch,
+    sample_logprobs,
     top_logprobs,
 )
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
@@ -129,8 +132,9 @@ class EngineStats:
     peak_blocks_used: int = 0
     # Sum over steps of (tokens with K/V) / (slots in blocks held).
     utilization_sum: float = 0.0
-    # Sums over steps of the blocks held, and of what running sequences would
-    # hold if none shared a block (chapter 07's memory saving).
+    # Sums over steps of the blocks the forward pass holds, and of what its
+    # running sequences would hold if none shared a block (chapter 07's memory
+    # saving), both taken once the step's copies-on-write are made.
     blocks_held_sum: int = 0
     blocks_unshared_sum: int = 0
     # Tokens whose K/V the forward passes computed (prefill and decode).
@@ -599,6 +603,57 @@ class LLMEngine(RequestIntake):
                 [state.params.prompt_logprobs] * len(targets),
             )
 
+    def _sample(self, plan, rows, sampling, failed) -> list[SequenceGroup]:
+        """Sample a token for every group in ``sampling`` (group: its indices in
+        ``plan``); return the groups that did.
+
+        The groups that allow it (`samples_in_batch`: all but beam search) are
+        sampled in one batch, so on a GPU their tokens come back in one
+        transfer, the step's only wait. A group that raises fails alone: if the
+        batch raises, each of its groups is sampled by itself.
+        """
+        bm, eos, limit = self.block_manager, self.eos_token_ids, self.max_model_len
+        done, batch = [], []
+        for group, idx in sampling.items():
+            seqs = [plan.seqs[i] for i in idx]
+            try:
+                for i, seq in zip(idx, seqs):
+                    seq.num_computed_tokens += plan.num_new_tokens[i]
+                    bm.cache_blocks(seq)
+                if group.samples_in_batch:
+                    seqs, at = group.sampling_rows(seqs, bm)
+                    batch.append((group, seqs, [idx[j] for j in at]))
+                    continue
+                logits = torch.stack([rows[i] for i in idx])
+                group.process(seqs, logits, eos, limit, bm)
+                done.append(group)
+            except Exception as err:
+                failed.append(self._fail(group, err))
+        if not batch:
+            return done
+        seqs = [s for _, group_seqs, _ in batch for s in group_seqs]
+        logits = torch.stack([rows[i] for _, _, idx in batch for i in idx])
+        try:
+            tokens, chosen = sample_batch(logits, seqs, eos)
+            tops = sample_logprobs(logits, seqs, tokens)
+        except Exception:
+            tokens = None
+        at = 0
+        for group, group_seqs, _ in batch:
+            mine = slice(at, at + len(group_seqs))
+            at += len(group_seqs)
+            try:
+                if tokens is None:
+                    t, c = sample_batch(logits[mine], group_seqs, eos)
+                    top = sample_logprobs(logits[mine], group_seqs, t)
+                else:
+                    t, c, top = tokens[mine], chosen[mine], tops[mine]
+                group.accept(group_seqs, t, c, top, eos, limit)
+                done.append(group)
+            except Exception as err:
+                failed.append(self._fail(group, err))
+        return done
+
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, copy blocks, one forward pass, sample,
         free what finished. Returns an output for every request that finished
@@ -611,6 +666,7 @@ class LLMEngine(RequestIntake):
             if self.scheduler.has_unfinished:
                 raise RuntimeError("nothing could be scheduled although work is left")
             return outputs
+        self._record_held_blocks()
         # Swap-outs read their blocks before anything can overwrite them.
         if self.swap_space is not None:
             self.swap_space.copy_out(self.runner.kv_cache, plan.swap_out)
@@ -640,19 +696,8 @@ class LLMEngine(RequestIntake):
             else:
                 sampling.setdefault(group, []).append(i)
         now = self._now()
-        for group, idx in sampling.items():
-            seqs = [plan.seqs[i] for i in idx]
+        for group in self._sample(plan, rows, sampling, outputs):
             try:
-                for i, seq in zip(idx, seqs):
-                    seq.num_computed_tokens += plan.num_new_tokens[i]
-                    self.block_manager.cache_blocks(seq)
-                group.process(
-                    seqs,
-                    torch.stack([rows[i] for i in idx]),
-                    self.eos_token_ids,
-                    self.max_model_len,
-                    self.block_manager,
-                )
                 state = self._states.get(group.request_id)
                 if state is not None and (
                     state.needs_text or state.params.stop_token_ids
@@ -673,6 +718,21 @@ class LLMEngine(RequestIntake):
         self._update_stats()
         return outputs
 
+    def _record_held_blocks(self) -> None:
+        """Add the blocks this step's forward pass holds, and what its running
+        sequences would hold if none shared a block, to chapter 07's sums.
+
+        Called once the step is planned: its copies-on-write are made, so a
+        partial block that forked sequences shared until this step, and that
+        all but one now copy, counts as copied, not as shared.
+        """
+        s, bm = self.stats, self.block_manager
+        seqs = [q for g in self.scheduler.running for q in g.running_seqs]
+        s.blocks_held_sum += bm.num_blocks - bm.num_free_blocks
+        s.blocks_unshared_sum += sum(
+            len(q.block_table.blocks) for q in seqs if q.block_table is not None
+        )
+
     def _update_stats(self) -> None:
         s, bm = self.stats, self.block_manager
         seqs = [q for g in self.scheduler.running for q in g.running_seqs]
@@ -682,10 +742,6 @@ class LLMEngine(RequestIntake):
         s.block_copies = bm.num_copies
         s.peak_running = max(s.peak_running, len(seqs))
         s.peak_blocks_used = max(s.peak_blocks_used, held)
-        s.blocks_held_sum += held
-        s.blocks_unshared_sum += sum(
-            len(q.block_table.blocks) for q in seqs if q.block_table is not None
-        )
         if held:
             # Only a table's trailing blocks have empty slots; a shared block
             # is counted once (its holders see the same tokens in it).
@@ -949,7 +1005,9 @@ class LLM(LLMEngine):
     ``fused_forward`` picks who runs the decoder layers: the engine's
     `FusedModelRunner` (fused, prepacked projections; True), the model's own
     forward with our attention plugged in (False), or the first wherever the
-    model's layout allows it (None, the default).
+    model's layout allows it (None, the default). On a CUDA device the fused
+    runner replays its decode steps from CUDA graphs (`GraphedModelRunner`,
+    chapter 05) unless ``enforce_eager=True``.
 
     ``kv_cache_memory`` is the KV budget in bytes (int) or, on a GPU, the
     fraction of the GPU's memory the engine may use (float, like vLLM's
@@ -994,6 +1052,7 @@ class LLM(LLMEngine):
         victim: str = "newest",
         block_manager: BlockManager | None = None,
         fused_forward: bool | None = None,
+        enforce_eager: bool = False,
     ):
         _check_int("block_size", block_size, 1)
         _check_int("max_num_seqs", max_num_seqs, 1)
@@ -1002,6 +1061,10 @@ class LLM(LLMEngine):
         if not (fused_forward is None or isinstance(fused_forward, bool)):
             raise ValueError(
                 f"fused_forward must be None, True or False, got {fused_forward!r}"
+            )
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(
+                f"enforce_eager must be True or False, got {enforce_eager!r}"
             )
         self.seed = _as_seed("seed", seed, none_ok=True)
         weights_seed = _as_seed("weights_seed", weights_seed)
@@ -1035,7 +1098,12 @@ class LLM(LLMEngine):
             )
         self.max_model_len = max_model_len
         runner = runner_class(self.model, fused_forward)
-        self.runner = runner(self.model, num_blocks, block_size, max_model_len)
+        if runner is FusedModelRunner and device.type == "cuda" and not enforce_eager:
+            self.runner = GraphedModelRunner(
+                self.model, num_blocks, block_size, max_model_len, max_num_seqs
+            )
+        else:
+            self.runner = runner(self.model, num_blocks, block_size, max_model_len)
         if block_manager is not None:
             if (block_manager.num_blocks, block_manager.block_size) != (
                 num_blocks,

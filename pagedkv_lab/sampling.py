@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from .engine import SamplingParams as _ChapterSamplingParams
-from .engine import Sequence
+from .engine import Sequence, token_logprobs
 
 
 class RequestOutputKind(enum.Enum):
@@ -336,6 +336,102 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None) -> li
         probs = row.softmax(-1).cpu()
         tokens[i] = int(torch.multinomial(probs, 1, generator=seq.generator))
     return tokens
+
+
+def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``values`` as a tensor on ``device``, copied from pinned memory without
+    waiting: a copy from ordinary (pageable) memory first waits for all the
+    work queued on the GPU, which a step must not do."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _device_generator(seq: Sequence, device: torch.device) -> torch.Generator | None:
+    """The random stream of a seeded ``seq`` for draws on ``device`` (None: the
+    device's global stream), made on first use from the same seed and sample
+    index as its CPU stream (`make_generator`); the streams differ, so a seeded
+    request samples the same tokens on every run on one kind of device, not
+    across kinds."""
+    seed = seq.params.seed
+    if seed is None:
+        return None
+    gen = seq.device_generator
+    if gen is None or gen.device != device:
+        gen = torch.Generator(device)
+        gen.manual_seed((seed + seq.sample_index * 0x9E3779B97F4A7C15) % 2**63)
+        seq.device_generator = gen
+    return gen
+
+
+def sample_on_device(
+    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None
+) -> torch.Tensor:
+    """`sample`'s choice per row, as a tensor on ``logits``' device, computed
+    without reading anything back: every sampled row is cut in one batch
+    (temperature, ``min_p``, top-k, top-p, with per-row values), unseeded rows
+    are drawn together and seeded rows each from its own device stream."""
+    logits = process_logits(logits, seqs, eos_token_ids)
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    if not rows:
+        return tokens
+    device = logits.device
+    ps = [seqs[i].params for i in rows]
+
+    def column(values, dtype=torch.float32) -> torch.Tensor:
+        return upload(values, dtype, device)[:, None]
+
+    index = column(rows, torch.long)[:, 0]
+    sub = logits[index].float() / column([p.temperature for p in ps])
+    min_p = [getattr(p, "min_p", 0.0) for p in ps]
+    if any(min_p):
+        probs = sub.softmax(-1)
+        cut = column(min_p) * probs.max(-1, keepdim=True).values
+        sub = sub.masked_fill(probs < cut, float("-inf"))
+    vocab = sub.shape[-1]
+    if any(p.top_k > 0 or p.top_p < 1 for p in ps):
+        # one sort serves top-k (the k-th largest logit) and top-p (the prefix)
+        sorted_logits, order = sub.sort(dim=-1, descending=True)
+        ks = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in ps]
+        kth = sorted_logits.gather(1, column(ks, torch.long) - 1)
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs >= column([p.top_p for p in ps])
+        drop &= column([p.top_p < 1 for p in ps], torch.bool)
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        sub = torch.empty_like(sub).scatter_(1, order, sorted_logits)
+    probs = sub.softmax(-1)
+    drawn = torch.empty(len(rows), dtype=torch.long, device=device)
+    free = [j for j, i in enumerate(rows) if seqs[i].params.seed is None]
+    if free:
+        at = column(free, torch.long)[:, 0]
+        drawn[at] = torch.multinomial(probs[at], 1)[:, 0]
+    for j, i in enumerate(rows):
+        gen = _device_generator(seqs[i], device)
+        if gen is not None:
+            drawn[j : j + 1] = torch.multinomial(probs[j], 1, generator=gen)
+    tokens[index] = drawn
+    return tokens
+
+
+def sample_batch(
+    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None
+) -> tuple[list[int], list[float]]:
+    """Next token per row and its raw log-probability, for a whole step.
+
+    On a CPU this is `sample` and the chosen tokens' log-probabilities. On a
+    GPU the tokens are chosen there (`sample_on_device`) and both lists come
+    back in one transfer: the only moment a decode step waits for the GPU.
+    """
+    if logits.device.type == "cpu":
+        tokens = sample(logits, seqs, eos_token_ids)
+        return tokens, token_logprobs(logits, tokens)
+    tokens = sample_on_device(logits, seqs, eos_token_ids)
+    chosen = logits.float().log_softmax(-1).gather(1, tokens[:, None])[:, 0]
+    ids, logprobs = torch.stack([tokens.double(), chosen.double()]).tolist()
+    return [int(t) for t in ids], logprobs
 
 
 def top_logprobs(

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import Sequence, token_logprobs
-from .sampling import sample, sample_logprobs
+from .engine import Sequence
+from .sampling import sample_batch, sample_logprobs, upload
 
 
 class SequenceGroup:
@@ -75,12 +75,31 @@ class SequenceGroup:
         max_model_len: int,
         block_manager,
     ) -> None:
-        """Sample one token for each of ``seqs`` (whose rows ``logits`` holds)."""
-        tokens = sample(logits, seqs, eos_token_ids)
-        chosen = token_logprobs(logits, tokens)
-        for seq, token, lp, top in zip(
-            seqs, tokens, chosen, sample_logprobs(logits, seqs, tokens)
-        ):
+        """Sample one token for each of ``seqs`` (whose rows ``logits`` holds),
+        this group by itself (the engine samples most groups in one batch)."""
+        seqs, rows = self.sampling_rows(seqs, block_manager)
+        if rows != list(range(len(logits))):
+            logits = logits.index_select(0, upload(rows, torch.long, logits.device))
+        tokens, chosen = sample_batch(logits, seqs, eos_token_ids)
+        tops = sample_logprobs(logits, seqs, tokens)
+        self.accept(seqs, tokens, chosen, tops, eos_token_ids, max_model_len)
+
+    # Whether the engine may sample this group together with others, in one
+    # batch (chapter 07's beam search ranks its beams' logits together instead).
+    samples_in_batch = True
+
+    def sampling_rows(
+        self, seqs: list[Sequence], block_manager
+    ) -> tuple[list[Sequence], list[int]]:
+        """The sequences that sample a token now, and for each the row of
+        ``seqs``' logits it samples from (chapter 07's parallel sampling forks
+        here: several samples read the prompt's one row)."""
+        return seqs, list(range(len(seqs)))
+
+    def accept(self, seqs, tokens, logprobs, tops, eos_token_ids, max_model_len):
+        """Append each sampled token (with its log-probability and, where the
+        request asked, its top log-probabilities) and decide who stops."""
+        for seq, token, lp, top in zip(seqs, tokens, logprobs, tops):
             seq.append_token(token, eos_token_ids, max_model_len, lp)
             if top is not None:
                 self.logprobs.setdefault(seq.seq_id, []).append(top)

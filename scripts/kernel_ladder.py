@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 import traceback
@@ -119,14 +120,18 @@ def _compare(kernels, args, ref, dtype, kind, shape) -> list[dict]:
     return rows
 
 
+DECODE_DTYPES = ("float16", "bfloat16")
+BLOCK_SIZES = (16, 32)
+
+
 def decode_grid(device, smoke: bool) -> list[dict]:
     cuda = device.type == "cuda"
-    dtypes = (torch.float16, torch.bfloat16) if cuda else (torch.float32,)
+    dtypes = [getattr(torch, d) for d in DECODE_DTYPES] if cuda else (torch.float32,)
     batches = (1, 8, 64, 256) if not smoke else (1, 4)
     contexts = (512, 1024, 4096, 16384) if not smoke else (64, 256)
     rows = []
     for dtype in dtypes:
-        for block_size in (16, 32):
+        for block_size in BLOCK_SIZES:
             print(f"\n{str(dtype)[6:]}, block size {block_size}")
             part = kernel_benchmark(
                 device, batches, contexts, block_size=block_size, dtype=dtype,
@@ -187,6 +192,71 @@ def prefill_comparison(device, smoke: bool) -> dict:
     return result
 
 
+def tune(device, smoke: bool) -> list[dict]:
+    """The tiled decode kernel's launch settings swept on Llama-3-8B's attention
+    shape (32 heads, 8 KV heads, head_dim 128), bf16, blocks of 16: keys per
+    tile, programs per multiprocessor (which sets the KV segments), warps and
+    pipeline stages. Every variant is timed as CUDA-graph replays beside
+    contiguous SDPA over the same K/V."""
+    import itertools
+    from functools import partial
+
+    from pagedkv_lab.bench import _contiguous_decode, _paged_copy, time_calls
+
+    grid = [(8, 1024), (8, 4096), (8, 16384), (64, 4096), (64, 16384), (256, 4096)]
+    tiles, per_sm, warps, stages = (32, 64, 128), (2, 4, 8), (4, 8), (None, 2)
+    if smoke:
+        grid, tiles, per_sm, warps, stages = [(2, 64)], (64,), (2,), (4,), (None,)
+    heads, kv_heads, dim = 32, 8, 128
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    saved = attention.PROGRAMS_PER_SM
+    for batch, ctx in grid:
+        q = torch.randn(batch, heads, dim, generator=gen).to(device, dtype)
+        k, v = (torch.randn(batch, kv_heads, ctx, dim, generator=gen).to(device, dtype)
+                for _ in range(2))  # fmt: skip
+        kc, vc, tables = _paged_copy(k, v, 16, gen)
+        lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
+        calls = {"contiguous": partial(_contiguous_decode, q, k, v, True)}
+        variants = list(itertools.product(tiles, per_sm, warps, stages))
+        for tile, sm, w, st in variants:
+            attention.PROGRAMS_PER_SM = sm
+            segments = attention.tiled_segments(
+                batch * kv_heads * 2, -(-ctx // tile), device
+            )  # what the kernel computes for this grid
+            calls[(tile, sm, w, st)] = partial(
+                paged_attention_tiled, q, kc, vc, tables, lens, check=False,
+                num_segments=segments, tile_sizes=(16, tile), num_warps=w, num_stages=st,
+            )  # fmt: skip
+        attention.PROGRAMS_PER_SM = saved
+        t = time_calls(calls, device, repeats=10 if not smoke else 2, graphs=list(calls))
+        base = t.pop("contiguous")
+        default = t[(64, saved, 4, None)] if (64, saved, 4, None) in t else math.nan
+        best = min(t, key=t.get)
+        for key, sec in t.items():
+            rows.append({"batch": batch, "context_len": ctx, "tile_n": key[0],
+                         "programs_per_sm": key[1], "num_warps": key[2],
+                         "num_stages": key[3], "over_contiguous": sec / base,
+                         "ms": 1e3 * sec})  # fmt: skip
+        print(f"  batch {batch:4} context {ctx:6}: contiguous {1e3 * base:.3f} ms, "
+              f"default {default / base:.2f}x, best {t[best] / base:.2f}x {best}")  # fmt: skip
+        del q, k, v, kc, vc, calls
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+    keys = {(r["tile_n"], r["programs_per_sm"], r["num_warps"], r["num_stages"]) for r in rows}
+    score = {
+        key: math.exp(statistics.mean(
+            math.log(r["over_contiguous"]) for r in rows
+            if (r["tile_n"], r["programs_per_sm"], r["num_warps"], r["num_stages"]) == key
+        ))
+        for key in keys
+    }  # fmt: skip
+    for key in sorted(score, key=score.get)[:5]:
+        print(f"  geometric mean over the grid {score[key]:.3f}x contiguous: "
+              f"tile {key[0]}, {key[1]} programs/SM, {key[2]} warps, stages {key[3]}")  # fmt: skip
+    return rows
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -231,7 +301,10 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="kernel-report")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device")
     parser.add_argument("--sections", nargs="+", default=["checks", "decode", "prefill"])
+    parser.add_argument("--decode-dtypes", nargs="+", default=list(DECODE_DTYPES))
+    parser.add_argument("--block-sizes", nargs="+", type=int, default=list(BLOCK_SIZES))
     args = parser.parse_args(argv)
+    globals().update(DECODE_DTYPES=args.decode_dtypes, BLOCK_SIZES=args.block_sizes)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:
         print("no CUDA GPU: run with --smoke to check the script on this machine")
@@ -240,7 +313,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"device": device_report(device), "failed": []}
     print(" | ".join(f"{k} {v}" for k, v in results["device"].items()))
-    sections = {"checks": check_kernels, "decode": decode_grid, "prefill": prefill_comparison}
+    sections = {"checks": check_kernels, "decode": decode_grid, "prefill": prefill_comparison,
+                "tune": tune}  # fmt: skip
     for name in args.sections:
         print(f"\n== {name}")
         t0 = time.perf_counter()

@@ -252,3 +252,19 @@ def test_block_copies_move_every_layer_and_read_before_writing():
     assert torch.equal(data[:, :, 4], before[:, :, 1])
     assert torch.equal(data[:, :, 5], before[:, :, 4])
     assert torch.equal(data[:, :, :4], before[:, :, :4])
+
+
+def test_a_step_may_not_write_into_a_shared_block():
+    """`run` with the block manager's reference counts refuses a step whose new
+    tokens land in a block another table also holds (checked on the host, from
+    the tables), and accepts one that only reads shared blocks."""
+    model, _ = load_model("tiny-llama")
+    runner = ModelRunner(model, num_blocks=8, block_size=4)
+    seq = Sequence(list(range(3, 10)), SamplingParams(temperature=0), BlockTable(
+        BlockAllocator(8, 4)))  # fmt: skip
+    seq.block_table.append(7)  # blocks 0 and 1; the new tokens 4..6 go to block 1
+    seq.num_computed_tokens = 4
+    counts = [2, 1] + [0] * 6  # block 0 shared: it is only read
+    assert runner.run([seq], [3], counts).shape[0] == 1
+    with pytest.raises(AssertionError, match=r"shared or free blocks \[1\]"):
+        runner.run([seq], [3], [1, 2] + [0] * 6)

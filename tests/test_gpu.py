@@ -18,6 +18,7 @@ from pagedkv_lab.attention import (
 )
 from pagedkv_lab.engine import ModelRunner, SamplingParams, Sequence
 from pagedkv_lab.fused import FusedModelRunner
+from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import OFFLINE_MODELS, load_model
 from pagedkv_lab.paging import BlockAllocator, BlockTable
@@ -254,3 +255,72 @@ def test_llm_serves_in_half_precision(dtype):
     first = [greedy_alone(llm.model, p, 1)[0] for p in batch]
     agree = sum(o.token_ids[0] == f for o, f in zip(outs, first))
     assert 2 * agree >= len(batch), f"{agree} of {len(batch)} first tokens agree"
+
+
+def test_graphed_decode_equals_eager_and_generate():
+    """CUDA graphs change nothing: the same greedy tokens as eager steps and as
+    transformers, for staggered requests whose batch moves through several
+    graph buckets, in a pool small enough to preempt (blocks freed and reused
+    between captures)."""
+    from pagedkv_lab.graphs import GraphedModelRunner
+
+    reference, _ = load_model("tiny-llama", device="cuda")
+    batch = prompts([3, 17, 30, 9, 44, 1, 25, 60, 12, 33, 5, 70, 16, 8, 21, 40, 2], 7)
+    lengths = [4 + 3 * (i % 5) for i in range(len(batch))]
+    expected = [greedy_alone(reference, p, n) for p, n in zip(batch, lengths)]
+    outputs = {}
+    for eager in (True, False):
+        # 40 blocks of 4 tokens: far fewer than the requests want at once
+        budget = KVSpec.from_config(reference.config, torch.float32).bytes_per_token
+        llm = LLM("tiny-llama", device="cuda", dtype=torch.float32, block_size=4,
+                  kv_cache_memory=160 * budget, enforce_eager=eager)  # fmt: skip
+        assert isinstance(llm.runner, GraphedModelRunner) != eager
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+                  for n in lengths]  # fmt: skip
+        outs = llm.generate(batch, params, use_tqdm=False)
+        outputs[eager] = [o.outputs[0].token_ids for o in outs]
+        assert llm.block_manager.num_free_blocks == llm.stats.num_blocks
+        if not eager:
+            assert len(llm.runner.graphs) >= 3, sorted(llm.runner.graphs)
+            assert llm.stats.preemptions > 0, "the pool was meant to preempt"
+    assert outputs[True] == expected
+    assert outputs[False] == expected
+
+
+def test_a_decode_step_waits_only_for_its_tokens():
+    """In a graphed decode step the host waits for the GPU once: the transfer
+    of the sampled tokens (CUDA's sync debug mode warns at every wait)."""
+    import warnings
+
+    llm = LLM("tiny-llama", device="cuda", kv_cache_memory=2**24)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for p in prompts([5, 9, 14], 8):
+        llm.add_request(p, params)
+    for _ in range(4):  # prefill, then decode steps that capture the graph
+        llm.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            llm.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(n == 1 for n in llm.last_plan.num_new_tokens)
+    waits = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(waits) == 1, waits
+
+
+def test_sampling_on_the_gpu_is_seeded_and_cut():
+    """Seeded requests repeat on the GPU; top-k of 1 is greedy decoding (in
+    fp32: bf16 logits tie often, and top-k keeps every tied token, as vLLM's)."""
+    llm = LLM("tiny-llama", device="cuda", dtype=torch.float32, kv_cache_memory=2**24)
+    batch = prompts([5, 9, 14, 20], 9)
+    seeded = SamplingParams(temperature=1.0, top_k=40, max_tokens=10, seed=11)
+    first = [o.token_ids for o in llm.generate(batch, seeded, use_tqdm=False)]
+    again = [o.token_ids for o in llm.generate(batch, seeded, use_tqdm=False)]
+    assert first == again
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    top1 = SamplingParams(temperature=1.0, top_k=1, max_tokens=10, ignore_eos=True)
+    want = [o.token_ids for o in llm.generate(batch, greedy, use_tqdm=False)]
+    assert [o.token_ids for o in llm.generate(batch, top1, use_tqdm=False)] == want

@@ -240,7 +240,11 @@ def test_a_one_off_forward_fault_fails_nobody():
         assert outs[rid].token_ids == _solo((1, 5 + i), 6)
 
 
-def test_a_sampler_fault_fails_only_its_request_and_nothing_wedges():
+@pytest.mark.parametrize("where", ["group", "batch"])
+def test_a_sampler_fault_fails_only_its_request_and_nothing_wedges(where, monkeypatch):
+    """The fault is in the group's own handling of its tokens, or in the batched
+    sampler whenever the bad request's rows are in the batch (then every group
+    is sampled alone, and only the bad one fails)."""
     llm = _llm()
     rids = [llm.add_request([1, 5 + i], _greedy(6)) for i in range(3)]
     bad = next(g for g in llm.scheduler.waiting if g.request_id == rids[1])
@@ -248,7 +252,19 @@ def test_a_sampler_fault_fails_only_its_request_and_nothing_wedges():
     def broken_sampler(*args, **kwargs):
         raise FloatingPointError("injected sampler fault")
 
-    bad.process = broken_sampler
+    if where == "group":
+        bad.accept = broken_sampler
+    else:
+        import pagedkv_lab.llm as llm_module
+
+        real = llm_module.sample_batch
+
+        def sample_batch(logits, seqs, eos=None):
+            if any(s in bad.seqs for s in seqs):
+                broken_sampler()
+            return real(logits, seqs, eos)
+
+        monkeypatch.setattr(llm_module, "sample_batch", sample_batch)
     outs = {o.request_id: o for o in _drain(llm)}
     assert outs[rids[1]].finish_reason == "error"
     assert "FloatingPointError: injected sampler fault" == outs[rids[1]].error
@@ -375,7 +391,7 @@ class EngineMachine(RuleBasedStateMachine):
         def broken(*args, **kwargs):
             raise RuntimeError("injected sampler fault")
 
-        group.process = broken
+        group.accept = broken
         self.expected[group.request_id] = None
 
     @invariant()

@@ -1,0 +1,230 @@
+"""Decode speed against the physical floor, on a CUDA GPU, in one run.
+
+    python scripts/decode_floor.py --out decode-report            # Llama-3-8B shape, ~2 min on an H100
+    python scripts/decode_floor.py --model Qwen2.5-0.5B --smoke   # small, any device
+
+A random-weight model at a real checkpoint's shape (bf16 on a GPU) serves
+``--prompts`` prompts of ``--prompt-len`` tokens, ``--new-tokens`` greedy tokens
+each, ignoring EOS. For every system the time of a decode step is measured:
+
+- ``pagedkv``: our engine (`LLM`, CUDA graphs), each `step` timed (a step ends
+  when the sampled tokens reach the host, so its wall time is its GPU time plus
+  the host's), after a first untimed pass; the decode steps that run every
+  sequence count (the floor is computed for that batch).
+- ``pagedkv eager``: the same with ``enforce_eager=True`` (no CUDA graphs).
+- ``hf generate``: transformers' ``generate`` (SDPA, its dynamic cache), all
+  prompts in one batch: (time for N new tokens - time for 1) / (N - 1).
+
+The floor of a decode step is the bytes it must read (every weight but the
+input embedding, which is read one row per sequence, and every sequence's K/V
+at its current length) over the copy bandwidth measured here (a large
+device-to-device copy, bytes read plus written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pagedkv_lab import LLM, SamplingParams
+from pagedkv_lab.kvmath import KVSpec
+from pagedkv_lab.models import load_model
+from pagedkv_lab.sampling import RequestOutputKind
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
+    """Bytes per second of a device-to-device copy (read + written), median of 20."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(25):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * nbytes / statistics.median(times[5:])
+
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes of every distinct parameter a decode step reads: all but the input
+    embedding table, unless the output head shares it."""
+    params = {id(p): p for p in model.parameters()}
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    if embed is not head:
+        params.pop(id(embed))
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def time_ours(model, tokenizer, prompts, new_tokens, kv_bytes, eager) -> dict:
+    """Serve the prompts twice (the first pass compiles kernels and captures
+    graphs); from the second, time every step and keep the pure decode steps
+    that run every sequence."""
+    extra = {"enforce_eager": True} if eager else {}
+    llm = LLM((model, tokenizer), kv_cache_memory=kv_bytes,
+              max_num_seqs=len(prompts), **extra)  # fmt: skip
+    # as LLM.generate asks: outputs when a request finishes, not at every step
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
+    for rnd in range(2):
+        for i, p in enumerate(prompts):
+            llm.add_request(f"{rnd}-{i}", p, params)
+        full, other, prefill, tokens = [], [], [], {}
+        while llm.has_unfinished_requests():
+            t0 = time.perf_counter()
+            outs = llm.step()
+            dt = time.perf_counter() - t0
+            plan = llm.last_plan.num_new_tokens
+            if any(n != 1 for n in plan):
+                prefill.append(dt)
+            else:
+                (full if len(plan) == len(prompts) else other).append(dt)
+            for o in outs:
+                tokens[int(o.request_id.split("-")[1])] = list(o.outputs[0].token_ids)
+    del llm
+    torch.cuda.empty_cache()
+    return {"decode_ms": [1e3 * t for t in full], "smaller_batch_ms": [1e3 * t for t in other],
+            "prefill_s": sum(prefill), "tokens": tokens}  # fmt: skip
+
+
+def time_hf(model, prompts, new_tokens) -> dict:
+    ids = torch.tensor(prompts, device=model.device)
+    mask = torch.ones_like(ids)
+    model.config._attn_implementation = "sdpa"
+
+    def run(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
+                                 min_new_tokens=n, do_sample=False)  # fmt: skip
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, out
+
+    run(2)  # warm-up
+    one, _ = run(1)
+    full, out = run(new_tokens)
+    torch.cuda.empty_cache()
+    return {"decode_ms_mean": 1e3 * (full - one) / (new_tokens - 1), "prefill_s": one,
+            "tokens": out[:, ids.shape[1]:].tolist()}  # fmt: skip
+
+
+def profile_ours(model, tokenizer, prompts, kv_bytes, out: Path) -> None:
+    """A torch profile of a few decode steps: the top operations by GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    llm = LLM((model, tokenizer), kv_cache_memory=kv_bytes, max_num_seqs=len(prompts))
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for p in prompts:
+        llm.add_request(p, params)
+    llm.step()
+    while any(n != 1 for n in llm.last_plan.num_new_tokens):  # until prefill is done
+        llm.step()
+    for _ in range(3):
+        llm.step()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            llm.step()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    cpu = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+    (out / "profile.txt").write_text(table + "\n\n" + cpu)
+    print(table)
+    del llm
+    torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="Llama-3-8B")
+    ap.add_argument("--prompts", type=int, default=128)
+    ap.add_argument("--prompt-len", type=int, default=1000)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--systems", nargs="+", default=["pagedkv", "pagedkv-eager", "hf"])
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--out", default="decode-report")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.prompts, args.prompt_len, args.new_tokens = 4, 40, 8
+    device = torch.device("cuda")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bw = copy_bandwidth(device)
+    model, tokenizer = load_model(args.model, device=device)
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(
+        3, 4000, (args.prompts, args.prompt_len), generator=g
+    ).tolist()
+    spec = KVSpec.from_config(model.config, model.dtype)
+    contexts = [args.prompt_len + t for t in range(1, args.new_tokens)]
+    kv_read = args.prompts * spec.bytes_per_token * statistics.mean(contexts)
+    weights = weight_bytes_per_step(model)
+    floor_ms = 1e3 * (weights + kv_read) / bw
+    kv_bytes = int(1.3 * args.prompts * (args.prompt_len + args.new_tokens)
+                   * spec.bytes_per_token) + (64 << 20)  # fmt: skip
+    res = {"model": args.model, "dtype": str(model.dtype), "gpu": torch.cuda.get_device_name(),
+           "copy_GBps": bw / 1e9, "weight_GB": weights / 1e9, "kv_GB_per_step": kv_read / 1e9,
+           "floor_ms": floor_ms, "systems": {}}  # fmt: skip
+    print(json.dumps({k: v for k, v in res.items() if k != "systems"}, indent=1))
+    for name in args.systems:
+        t0 = time.perf_counter()
+        try:
+            if name == "hf":
+                r = time_hf(model, prompts, args.new_tokens)
+            else:
+                r = time_ours(model, tokenizer, prompts, args.new_tokens, kv_bytes,
+                              eager=name.endswith("eager"))  # fmt: skip
+        except Exception as err:  # every system runs; the failure is reported
+            import traceback
+
+            traceback.print_exc()
+            res["systems"][name] = {"error": repr(err)}
+            continue
+        if "decode_ms" in r:
+            ms = r["decode_ms"]
+            r["decode_ms_median"], r["decode_ms_min"], r["decode_ms_max"] = (
+                statistics.median(ms),
+                min(ms),
+                max(ms),
+            )
+        res["systems"][name] = r
+        print(f"{name}: {time.perf_counter() - t0:.0f} s")
+    if args.profile:
+        profile_ours(model, tokenizer, prompts, kv_bytes, out)
+    ref = res["systems"].get("hf", {}).get("tokens")
+    lines = [f"\n{args.model} {res['dtype']}, {args.prompts} x {args.prompt_len} tokens, "
+             f"{args.new_tokens} new; floor {floor_ms:.1f} ms/step "
+             f"(weights {weights / 1e9:.1f} GB + K/V {kv_read / 1e9:.1f} GB at {bw / 1e12:.2f} TB/s)",
+             f"{'system':16} {'decode ms/step':>16} {'x floor':>8} {'prefill s':>10} {'same tokens as hf':>18}"]  # fmt: skip
+    for name, r in res["systems"].items():
+        if "error" in r:
+            lines.append(f"{name:16} error: {r['error'][:80]}")
+            continue
+        ms = r.get("decode_ms_median", r.get("decode_ms_mean"))
+        spread = (f" ({r['decode_ms_min']:.1f}-{r['decode_ms_max']:.1f})"
+                  if "decode_ms_min" in r else "")  # fmt: skip
+        same = "n/a"
+        if ref is not None and "tokens" in r and name != "hf":
+            got = r["tokens"]
+            same = f"{sum(got.get(i) == ref[i] for i in range(len(ref)))}/{len(ref)}"
+        lines.append(f"{name:16} {ms:9.1f}{spread:>7} {ms / floor_ms:8.2f} "
+                     f"{r['prefill_s']:10.2f} {same:>18}")  # fmt: skip
+    for r in res["systems"].values():
+        r.pop("tokens", None)
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
