@@ -331,6 +331,32 @@ def print_kernel_table(rows: list[dict]) -> None:
     print("\n".join(lines))
 
 
+def parse_kernel_tables(text: str) -> list[dict]:
+    """The rows of the GPU tables `print_kernel_table` printed into ``text`` (a
+    log of ``scripts/kernel_ladder.py``), each with the ``dtype`` and
+    ``block_size`` of the ``"<dtype>, block size <n>"`` line above its table;
+    for reading a committed report back."""
+    rows, dtype, block_size = [], None, None
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 4 and words[1:3] == ["block", "size"]:
+            dtype, block_size = words[0].rstrip(","), int(words[3])
+            continue
+        if len(words) != 9 or not words[0].isdigit() or not words[8].endswith("%"):
+            continue
+        rows.append({
+            "dtype": dtype, "block_size": block_size,
+            "batch": int(words[0]), "context_len": int(words[1]),
+            "contiguous_ms": float(words[2]), "paged_ms": float(words[3]),
+            "paged_over_contiguous": float(words[4]),
+            "torch_over_contiguous": float(words[5]),
+            "first_triton_over_contiguous": float(words[6]),
+            "paged_GBps": float(words[7]),
+            "fraction_of_copy": float(words[8][:-1]) / 100,
+        })  # fmt: skip
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Serving: our engine against transformers (and vLLM where it is installed), like for like: the same
 # model weights, requests, warm-up, KV budget, per-step token budget and batch limit for every system.

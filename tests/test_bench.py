@@ -265,3 +265,25 @@ def test_kernel_benchmark_leaves_out_rows_over_the_memory_cap():
     )
     assert [(r["batch"], r["context_len"]) for r in rows] == [(1, 16), (1, 32), (2, 16)]
     assert all(r["kv_bytes"] <= 32 * per_token for r in rows)
+
+
+def test_kernel_tables_read_back_what_was_printed(capsys):
+    """`parse_kernel_tables` recovers every GPU row `print_kernel_table` prints,
+    to the printed precision, under its dtype and block size."""
+    from pagedkv_lab.bench import parse_kernel_tables, print_kernel_table
+
+    rows = [
+        {"path": "Triton kernel", "dtype": "torch.bfloat16", "batch": b, "context_len": c,
+         "contiguous_ms": 0.25 * b, "paged_ms": 0.3 * b, "paged_over_contiguous": 1.2,
+         "torch_over_contiguous": 3.456, "first_triton_ms": 1.0,
+         "first_triton_over_contiguous": 4.5, "copy_GBps": 3000.0,
+         "paged_GBps": 2500.04, "fraction_of_copy": 0.834}
+        for b, c in [(1, 512), (64, 16384)]
+    ]  # fmt: skip
+    print("bfloat16, block size 32")
+    print_kernel_table(rows)
+    got = parse_kernel_tables(capsys.readouterr().out)
+    assert [(r["batch"], r["context_len"]) for r in got] == [(1, 512), (64, 16384)]
+    assert all(r["dtype"] == "bfloat16" and r["block_size"] == 32 for r in got)
+    assert got[1]["contiguous_ms"] == 16.0 and got[1]["torch_over_contiguous"] == 3.46
+    assert got[0]["paged_GBps"] == 2500.0 and got[0]["fraction_of_copy"] == 0.83
