@@ -28,6 +28,12 @@ Definitions follow vLLM (v1):
 Order of operations on a row of logits, as in vLLM: raw log-probabilities;
 ``min_tokens`` mask; penalties; greedy argmax, or temperature, ``min_p``,
 top-k, top-p and a draw from the sequence's own random stream.
+
+On a GPU the engine samples a whole step with `sample_on_device` instead: the
+same cuts in the same order, on all rows at once, without reading anything
+back until the tokens are chosen (`sample_batch`). Its draws come from the
+GPU's random streams, so a seeded request repeats its tokens from run to run
+on a GPU, but they are not the tokens it draws on a CPU.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ class SequenceGroup:
     The scheduler admits, grows and preempts a group as a whole. Here a group
     holds one sequence; chapter 07's parallel sampling and beam search
     subclass it to hold several that share blocks. A group says what it wants
-    to compute next (`work`) and how it turns logits into tokens (`process`).
+    to compute next (`work`) and how it turns logits into tokens (`process`,
+    or `sampling_rows` and `accept` when the engine samples groups together).
     """
 
     def __init__(self, request_id: int, seq: Sequence, arrival_time: float = 0.0):
