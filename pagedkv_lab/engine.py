@@ -92,8 +92,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPSILON
 
-def make_generator(seed: int | None, index: int = 0) -> torch.Generator | None:
-    """The random stream of sample ``index`` of a seeded request (None: global).
+def make_generator(
+    seed: int | None, index: int = 0, device: torch.device | str = "cpu"
+) -> torch.Generator | None:
+    """The random stream of sample ``index`` of a seeded request (None: global),
+    for draws on ``device``.
 
     Sample ``index`` of a request draws from its own stream, so it gets the same
     tokens whatever else runs in the batch and however many siblings it has.
@@ -101,7 +104,8 @@ def make_generator(seed: int | None, index: int = 0) -> torch.Generator | None:
     if seed is None:
         return None
     # Distinct, reproducible streams per sample; sample 0 keeps the plain seed.
-    return torch.Generator().manual_seed((seed + index * 0x9E3779B97F4A7C15) % 2**63)
+    generator = torch.Generator(device)
+    return generator.manual_seed((seed + index * 0x9E3779B97F4A7C15) % 2**63)
 
 class Sequence:
     """One sequence of a request: its tokens, its block table, and how many of
@@ -413,6 +417,18 @@ def check_model(model: PreTrainedModel, max_model_len: int | None) -> int:
         )
     return max_model_len
 
+def upload(
+    values: list, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """``values`` as a tensor on ``device``. To a GPU the copy starts from pinned
+    memory and does not wait: a copy from ordinary (pageable) memory first
+    waits for all the work queued on the GPU, which a step must not do."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def pack_step(
     seqs: list[Sequence],
     num_new_tokens: list[int],
@@ -452,14 +468,8 @@ def pack_step(
     last = [s - 1 for s in starts[1:]]
     parts = [ids, pos, slots, ctx, starts, last, decode, prefill, prefill_rows]
     parts += [prefill_starts, [b for row in tables for b in row]]
-    # Every field in one tensor and one copy. On a GPU the copy starts from
-    # pinned memory: a copy from ordinary memory would first wait for all the
-    # work queued on the GPU.
-    flat = torch.tensor([x for part in parts for x in part], dtype=torch.long)
-    if torch.device(device).type == "cuda":
-        flat = flat.pin_memory().to(device, non_blocking=True)
-    else:
-        flat = flat.to(device)
+    # every field in one tensor and one copy
+    flat = upload([x for part in parts for x in part], torch.long, device)
     fields = flat.split([len(part) for part in parts])
     return StepInputs(
         input_ids=fields[0],

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from .engine import SamplingParams as _ChapterSamplingParams
-from .engine import Sequence, token_logprobs
+from .engine import Sequence, make_generator, token_logprobs, upload
 
 
 class RequestOutputKind(enum.Enum):
@@ -344,29 +344,14 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None) -> li
     return tokens
 
 
-def upload(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``values`` as a tensor on ``device``, copied from pinned memory without
-    waiting: a copy from ordinary (pageable) memory first waits for all the
-    work queued on the GPU, which a step must not do."""
-    t = torch.tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def _device_generator(seq: Sequence, device: torch.device) -> torch.Generator | None:
     """The random stream of a seeded ``seq`` for draws on ``device`` (None: the
     device's global stream), made on first use from the same seed and sample
-    index as its CPU stream (`make_generator`); the streams differ, so a seeded
-    request samples the same tokens on every run on one kind of device, not
-    across kinds."""
-    seed = seq.params.seed
-    if seed is None:
-        return None
+    index as its CPU stream; the streams differ, so a seeded request samples
+    the same tokens on every run on one kind of device, not across kinds."""
     gen = seq.device_generator
     if gen is None or gen.device != device:
-        gen = torch.Generator(device)
-        gen.manual_seed((seed + seq.sample_index * 0x9E3779B97F4A7C15) % 2**63)
+        gen = make_generator(seq.params.seed, seq.sample_index, device)
         seq.device_generator = gen
     return gen
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import Sequence
-from .sampling import sample_batch, sample_logprobs, upload
+from .engine import Sequence, upload
+from .sampling import sample_batch, sample_logprobs
 
 
 class SequenceGroup:
