@@ -219,15 +219,23 @@ def kernel_benchmark(
     if max_kv_bytes is None and cuda:
         max_kv_bytes = 4 << 30
     gen = torch.Generator().manual_seed(seed)
+    # K/V are drawn where they live: a GPU row's gigabytes drawn on the host
+    # took longer than timing it
+    draw_gen = torch.Generator(device).manual_seed(seed) if cuda else gen
+
+    def draw(*shape: int) -> torch.Tensor:
+        where, kind = (device, dtype) if cuda else ("cpu", torch.float32)
+        return torch.randn(shape, generator=draw_gen, device=where, dtype=kind).to(
+            device, dtype
+        )
+
     rows, calls = [], []
     for batch in batch_sizes:
         for ctx in context_lens:
             shape = (batch, kv_heads, ctx, head_dim)
             if max_kv_bytes and 2 * math.prod(shape) * dtype.itemsize > max_kv_bytes:
                 continue
-            q = torch.randn(batch, heads, head_dim, generator=gen).to(device, dtype)
-            k = torch.randn(shape, generator=gen).to(device, dtype)
-            v = torch.randn(shape, generator=gen).to(device, dtype)
+            q, k, v = draw(batch, heads, head_dim), draw(*shape), draw(*shape)
             k_cache, v_cache, tables = _paged_copy(k, v, block_size, gen)
             lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
             paged_args = (q, k_cache, v_cache, tables, lens)

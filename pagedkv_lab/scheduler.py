@@ -236,23 +236,24 @@ class Scheduler(SchedulerQueues):
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Give running requests, in order, slots for their next tokens; when
         blocks run out, preempt from the end of the queue, which this step
-        has not scheduled yet."""
+        has not scheduled yet (so the queue before ``i`` stays as it is)."""
         bm = self.block_manager
         self._order_running()
-        for group in list(self.running):
-            if group not in self.running or budget == 0:
-                continue
+        i = 0
+        while i < len(self.running) and budget > 0:
+            group = self.running[i]
             work = group.work(budget, bm)
             while not bm.can_append_slots(work):
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is group:
                     break
-            if group in self.running:
+            else:  # the group kept its place: it runs
                 for seq, n in work:
                     bm.append_slots(seq, n)
                     out.add(seq, n, group)
                     budget -= n
+                i += 1
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:

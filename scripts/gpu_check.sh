@@ -4,8 +4,9 @@
 #   versions.txt, nvidia-smi.txt  the machine and the software
 #   pytest.txt, pytest.xml        tests/test_gpu.py and tests/test_attention.py
 #   kernels/, kernels.txt         scripts/kernel_ladder.py (summary.txt: the targets)
-#   notebooks/NN_*.ipynb, .log    chapters 04-11 executed with GPU sizes
-#                                 (copies: the committed CPU outputs stay as they are)
+#   notebooks/NN_*.ipynb, .log    chapters 04-11 executed with GPU sizes, each
+#                                 cell's seconds in the log (scripts/run_notebook.py;
+#                                 copies: the committed CPU outputs stay as they are)
 #   bench/, bench.txt             python -m pagedkv_lab.bench all
 #   summary.txt                   pass/fail and seconds per step
 # Every step runs even when an earlier one failed; the exit code is 1 if any did.
@@ -102,9 +103,11 @@ for n in $CHAPTERS; do
       continue
     fi
     base=$(basename "$nb" .ipynb)
+    # cell by cell, each cell's seconds in the log as it ends (a chapter cut off
+    # by the time limit still says where its time went)
     run_step "notebook $base" "$OUT/notebooks/$base.log" \
-      "$PY" -m jupyter nbconvert --to notebook --execute "$nb" \
-      --output-dir "$OUT/notebooks" --ExecutePreprocessor.timeout="$STEP_TIMEOUT"
+      "$PY" scripts/run_notebook.py "$nb" --out "$OUT/notebooks" \
+      --cell-timeout "$STEP_TIMEOUT"
   done
 done
 

@@ -257,6 +257,71 @@ def tune(device, smoke: bool) -> list[dict]:
     return rows
 
 
+def tune_prefill(device, smoke: bool) -> list[dict]:
+    """The tiled kernel's prefill settings swept on Llama-3-8B's attention
+    (bf16): (query rows per program, keys per tile, warps, stages), timed as a
+    step of the engine's size (4,096 prompt tokens) against causal SDPA over the
+    same prompts stored contiguously."""
+    import itertools
+    from functools import partial
+
+    from pagedkv_lab.bench import _paged_copy, time_calls
+
+    grid = [(4, 1024), (16, 256), (2, 2048)] if not smoke else [(2, 40)]
+    rows_m, tiles, warps, stages = (64, 128), (64, 128), (4, 8), (None, 3)
+    if smoke:
+        rows_m, tiles, warps, stages = (64,), (64,), (4,), (None,)
+    heads, kv_heads, dim = 32, 8, 128
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for seqs, length in grid:
+        q4 = torch.randn(seqs, heads, length, dim, generator=gen).to(device, dtype)
+        k, v = (torch.randn(seqs, kv_heads, length, dim, generator=gen).to(device, dtype)
+                for _ in range(2))  # fmt: skip
+        kc, vc, tables = _paged_copy(k, v, 16, gen)
+        lens = torch.full((seqs,), length, dtype=torch.int64, device=device)
+        starts = torch.arange(seqs + 1, device=device) * length
+        q = q4.transpose(1, 2).reshape(seqs * length, heads, dim).contiguous()
+        sdpa = partial(torch.nn.functional.scaled_dot_product_attention, q4, k, v,
+                       is_causal=True, enable_gqa=True)  # fmt: skip
+        calls = {"sdpa": sdpa}
+        for key in itertools.product(rows_m, tiles, warps, stages):
+            calls[key] = partial(
+                paged_attention_tiled, q, kc, vc, tables, lens, starts, check=False,
+                tile_sizes=key[:2], num_warps=key[2], num_stages=key[3],
+            )  # fmt: skip
+        expected = sdpa().float().transpose(1, 2).reshape(q.shape)
+        error = {key: (call().float() - expected).abs().max().item()
+                 for key, call in calls.items() if key != "sdpa"}  # fmt: skip
+        t = time_calls(calls, device, repeats=10 if not smoke else 2, graphs=list(calls))
+        base = t.pop("sdpa")
+        for key, sec in t.items():
+            out.append({"seqs": seqs, "length": length, "block_m": key[0],
+                        "tile_n": key[1], "num_warps": key[2], "num_stages": key[3],
+                        "over_sdpa": sec / base, "ms": 1e3 * sec,
+                        "max_error": error[key]})  # fmt: skip
+        print(f"  {seqs} x {length}: largest difference from SDPA over the variants "
+              f"{max(error.values()):.1e}")
+        current = (*attention.TILE_SIZES["prefill"], 4, None)
+        best = min(t, key=t.get)
+        print(f"  {seqs} x {length}: SDPA {1e3 * base:.3f} ms, current "
+              f"{t.get(current, math.nan) / base:.2f}x, best {t[best] / base:.2f}x {best}")  # fmt: skip
+        del q, q4, k, v, kc, vc, calls
+    keys = {(r["block_m"], r["tile_n"], r["num_warps"], r["num_stages"]) for r in out}
+    score = {
+        key: math.exp(statistics.mean(
+            math.log(r["over_sdpa"]) for r in out
+            if (r["block_m"], r["tile_n"], r["num_warps"], r["num_stages"]) == key
+        ))
+        for key in keys
+    }  # fmt: skip
+    for key in sorted(score, key=score.get)[:5]:
+        print(f"  geometric mean {score[key]:.3f}x causal SDPA: {key[0]} rows, "
+              f"{key[1]} keys per tile, {key[2]} warps, stages {key[3]}")  # fmt: skip
+    return out
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -315,7 +380,7 @@ def main(argv=None) -> int:
     results: dict = {"device": device_report(device), "failed": []}
     print(" | ".join(f"{k} {v}" for k, v in results["device"].items()))
     sections = {"checks": check_kernels, "decode": decode_grid, "prefill": prefill_comparison,
-                "tune": tune}  # fmt: skip
+                "tune": tune, "tune-prefill": tune_prefill}  # fmt: skip
     for name in args.sections:
         print(f"\n== {name}")
         t0 = time.perf_counter()
