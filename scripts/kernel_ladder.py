@@ -201,7 +201,8 @@ def tune(device, smoke: bool) -> list[dict]:
     import itertools
     from functools import partial
 
-    from pagedkv_lab.bench import _contiguous_decode, _paged_copy, time_calls
+    from pagedkv_lab.bench.kernel import _contiguous_decode, _paged_copy
+    from pagedkv_lab.bench.timing import time_calls
 
     grid = [(8, 1024), (8, 4096), (8, 16384), (64, 4096), (64, 16384), (256, 4096)]
     tiles, per_sm, warps, stages = (32, 64, 128), (2, 4, 8), (4, 8), (None, 2)
@@ -265,7 +266,8 @@ def tune_prefill(device, smoke: bool) -> list[dict]:
     import itertools
     from functools import partial
 
-    from pagedkv_lab.bench import _paged_copy, time_calls
+    from pagedkv_lab.bench.kernel import _paged_copy
+    from pagedkv_lab.bench.timing import time_calls
 
     grid = [(4, 1024), (16, 256), (2, 2048)] if not smoke else [(2, 40)]
     rows_m, tiles, warps, stages = (64, 128), (64, 128), (4, 8), (None, 3)

@@ -23,7 +23,8 @@ import time
 
 import torch
 
-from pagedkv_lab.bench import ServeSetup, _OursRunner, _prompt_ids, scaled_chat_trace
+from pagedkv_lab.bench.common import ServeSetup, _prompt_ids, scaled_chat_trace
+from pagedkv_lab.bench.serve import _OursRunner
 
 
 def serve(runner: _OursRunner, prompts, max_tokens) -> tuple[float, float]:

@@ -2,7 +2,7 @@
 
 The requests are the ones `python -m pagedkv_lab.bench serve --workload w1` serves:
 `pagedkv_lab.bench.scaled_chat_trace` (ShareGPT-like lengths scaled to
-``--max-model-len``) and `pagedkv_lab.bench._prompt_ids` (seeded token ids), sent as
+``--max-model-len``) and `pagedkv_lab.bench.common._prompt_ids` (seeded token ids), sent as
 token-id prompts to the OpenAI-compatible ``/v1/completions`` endpoint, greedy, EOS
 ignored, so every request produces exactly its trace's output length. Each request
 arrives at its time in a Poisson process of ``--rate`` requests per second (``inf``:
@@ -58,7 +58,7 @@ class Record:
 
 def build_trace(num_requests: int, max_model_len: int, seed: int):
     """The bench's W1 requests and their token ids (imports the course's library)."""
-    from pagedkv_lab.bench import _prompt_ids, scaled_chat_trace
+    from pagedkv_lab.bench.common import _prompt_ids, scaled_chat_trace
 
     requests = scaled_chat_trace(num_requests, max_model_len, seed=seed)
     return requests, _prompt_ids(requests, seed=seed)

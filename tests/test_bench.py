@@ -10,13 +10,16 @@ from pagedkv_lab import bench
 from pagedkv_lab.bench import (
     PEAK_KV,
     SYSTEMS,
+    common,
     find_vllm_python,
     kernel_benchmark,
-    main,
+    peers,
     serve_benchmark,
     static_batches,
     vllm_block_sizes,
 )
+from pagedkv_lab.bench import serve as serve_module
+from pagedkv_lab.bench.cli import main
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.models import offline_config
 from pagedkv_lab.workloads import Request
@@ -112,7 +115,7 @@ def test_every_system_gets_the_same_warmup_and_requests_in_alternating_rounds(
 
         def run(self, prompts, max_tokens):
             calls.append((self.name, [list(p) for p in prompts], list(max_tokens)))
-            return bench._run_result(
+            return common._run_result(
                 1.0, [[0] * n for n in max_tokens], [0.1], [0.01], 0
             )
 
@@ -120,11 +123,11 @@ def test_every_system_gets_the_same_warmup_and_requests_in_alternating_rounds(
             pass
 
     monkeypatch.setattr(
-        bench,
+        serve_module,
         "_OursRunner",
         lambda s, reserve: Fake(s, "contiguous" if reserve else "pagedkv"),
     )
-    monkeypatch.setattr(bench, "_HFStaticRunner", lambda s: Fake(s, "hf-generate"))
+    monkeypatch.setattr(serve_module, "_HFStaticRunner", lambda s: Fake(s, "hf-generate"))
     rows, _ = serve_benchmark(
         "tiny-llama",
         REQUESTS,
@@ -159,7 +162,7 @@ def test_hf_continuous_thread_lives_only_inside_its_runs():
         max_num_batched_tokens=64,
         threads=torch.get_num_threads(),
     )
-    runner = bench._HFContinuousRunner(setup)
+    runner = peers._HFContinuousRunner(setup)
     try:
         assert not runner.manager.is_running()
         prompts = [[3, 4, 5], [6, 7, 8, 9, 10]]

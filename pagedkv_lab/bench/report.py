@@ -35,16 +35,13 @@ from pathlib import Path
 
 import torch
 
-from .bench import (
-    _prompt_ids,
-    kernel_benchmark,
-    scaled_chat_trace,
-    serve_benchmark,
-    time_call,
-    time_calls,
-)
-from .device import by_device, device_report
-from .engine import SamplingParams
+from ..device import by_device, device_report
+from ..engine import SamplingParams
+from .common import SYSTEMS, _prompt_ids, scaled_chat_trace
+from .kernel import kernel_benchmark
+from .peers import find_vllm_python
+from .serve import serve_benchmark
+from .timing import time_call, time_calls
 
 SECTIONS = ("kernel", "serve", "sampling", "rate", "blocks")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -101,7 +98,7 @@ def plot_roofline(kernel: dict, path: str | None = None):
     one panel per batch size, the device's copy bandwidth as the ceiling."""
     import matplotlib.pyplot as plt
 
-    from .plotting import SERIES, use_style
+    from ..plotting import SERIES, use_style
 
     use_style()
     rows = [r for r in kernel["rows"] if r["dtype"] == kernel["rows"][0]["dtype"]]
@@ -137,7 +134,7 @@ def plot_roofline(kernel: dict, path: str | None = None):
 
 def _prefix_workload(n: int, max_model_len: int, seed: int = 3):
     """W3 scaled to ``max_model_len``: one system prompt of a quarter of it."""
-    from .workloads import Request, system_prompt_workload
+    from ..workloads import Request, system_prompt_workload
 
     system_len = max(16, max_model_len // 4)
     token_requests = system_prompt_workload(
@@ -169,8 +166,7 @@ def serve_section(
     """`bench.serve_benchmark` on each workload, every system, one KV budget
     per workload. vLLM joins when `bench.find_vllm_python` finds it (and
     ``include_vllm``)."""
-    from .bench import SYSTEMS, find_vllm_python
-    from .workloads import uniform_workload
+    from ..workloads import uniform_workload
 
     # a 30M model is launch-bound on any GPU: a real shape there (random weights)
     model = model or by_device("small-llama", "Qwen2.5-0.5B", device)
@@ -224,8 +220,8 @@ def sampling_section(
     """Parallel sampling of ``n`` per prompt under a tight KV budget: one
     request forked with lazy copy-on-write, with an eager tail copy, and ``n``
     independent requests (chapter 07's `experiments.sharing_designs`)."""
-    from .experiments import prompts_for, sharing_designs
-    from .models import load_model
+    from ..experiments import prompts_for, sharing_designs
+    from ..models import load_model
 
     k = num_prompts or by_device(6, 64, device)
     requests = scaled_chat_trace(k, 512, seed=2)
@@ -280,8 +276,8 @@ def _engine_workload(
     """What `rate_section` and `blocks_section` serve: the loaded model, a W1
     trace as greedy token-id requests (EOS ignored), and the KV budget in bytes
     for ``budget_requests`` full-length requests."""
-    from .kvmath import KVSpec
-    from .models import load_model
+    from ..kvmath import KVSpec
+    from ..models import load_model
 
     name = model or by_device("tiny-llama", "small-llama", device)
     pair = load_model(name, device=device)
@@ -310,7 +306,7 @@ def rate_section(
     max-length reservation (chapter 02's scheme, what Orca (Max) does), one KV
     budget. Rates are multiples (``loads``) of the paged engine's offline
     throughput in requests per second, measured first."""
-    from .llm import LLM
+    from ..llm import LLM
 
     n = num_requests or by_device(48, 400, device)
     max_model_len = max_model_len or by_device(128, 512, device)
@@ -361,7 +357,7 @@ def plot_latency_vs_rate(rate: dict, path: str | None = None):
     """Normalised latency against request rate, one curve per system."""
     import matplotlib.pyplot as plt
 
-    from .plotting import SERIES, use_style
+    from ..plotting import SERIES, use_style
 
     use_style()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
@@ -400,9 +396,9 @@ def blocks_section(
     alternation (throughput relative to block 16, same tokens); memory waste
     from chapter 03's simulator on a full-size W1 trace; kernel time by block
     size from ``kernel`` (`kernel_section`) when given."""
-    from .llm import LLM
-    from .paging import PagedPool
-    from .workloads import chat_workload, simulate
+    from ..llm import LLM
+    from ..paging import PagedPool
+    from ..workloads import chat_workload, simulate
 
     n = num_requests or by_device(16, 256, device)
     name, pair, prompts, params, budget = _engine_workload(

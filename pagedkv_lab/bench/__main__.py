@@ -1,0 +1,5 @@
+"""`python -m pagedkv_lab.bench`."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,232 @@
+"""`python -m pagedkv_lab.bench`: the kernel, serve and all commands."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .common import ALL_SYSTEMS, SYSTEMS, scaled_chat_trace
+from .kernel import kernel_benchmark, print_kernel_table
+from .peers import find_vllm_python
+from .serve import plot_serve, print_serve_table, serve_benchmark, serve_title
+
+
+def _add_serve_parser(sub) -> None:
+    sp = sub.add_parser(
+        "serve",
+        help="our engine vs transformers generate / continuous batching (and vLLM)",
+    )
+    sp.add_argument(
+        "--model", default=None,
+        help="model name (default: small-llama on a CPU, Qwen2.5-0.5B's shape on a GPU)",
+    )
+    sp.add_argument(
+        "--workload",
+        choices=["w1", "w2", "fixed"],
+        default="w1",
+        help="w1 chat-like, w2 uniform 100-1024 (scaled), fixed: equal lengths at equal batch size",
+    )
+    sp.add_argument("--num-requests", type=int, default=None)
+    sp.add_argument("--max-model-len", type=int, default=512)
+    sp.add_argument(
+        "--budget-requests",
+        type=int,
+        default=8,
+        help="KV budget, in max-length requests",
+    )
+    sp.add_argument("--block-size", type=int, default=16)
+    sp.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="per-step token budget of every continuous-batching system "
+        "(default: max(512, max-model-len))",
+    )
+    sp.add_argument(
+        "--static-policy",
+        choices=["padded", "max-len"],
+        default="padded",
+        help="how hf-generate sizes its static batches from the KV budget",
+    )
+    sp.add_argument("--repeats", type=int, default=3, help="alternating rounds")
+    sp.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for every system (default: torch's current count)",
+    )
+    sp.add_argument(
+        "--systems",
+        nargs="+",
+        default=None,
+        choices=ALL_SYSTEMS,
+        help="default: every system, vllm where a vLLM python is found",
+    )
+    sp.add_argument(
+        "--vllm-python",
+        default=None,
+        help="python of the environment with vLLM (or $PAGEDKV_VLLM_PYTHON)",
+    )
+    sp.add_argument("--vllm-block-sizes", type=int, nargs="+", default=[32, 64, 128])
+    sp.add_argument(
+        "--vllm-modes",
+        nargs="+",
+        choices=["eager", "compile"],
+        default=["compile", "eager"],
+        help="vLLM without torch.compile (eager) and/or with its default compile",
+    )
+    sp.add_argument("--plot", default=None, help="save the figure to this path")
+    sp.add_argument("--device", default=None)
+
+
+def _serve_main(args, device: torch.device) -> None:
+    from ..device import by_device
+    from ..workloads import Request, uniform_workload
+
+    n = args.num_requests or by_device(48, 512, device)
+    length = args.max_model_len
+    max_num_seqs = 256
+    if args.workload == "w1":
+        requests = scaled_chat_trace(n, length)
+    elif args.workload == "w2":  # nano-vllm's 100-1024 range, scaled to max_model_len
+        lo, hi = max(1, 100 * length // 2048), max(2, 1024 * length // 2048)
+        requests = uniform_workload(n, low=lo, high=hi)
+    else:  # equal lengths; every system limited to the same batch size as static generate
+        requests = [Request(i, 0.0, length // 2, length // 2) for i in range(n)]
+        max_num_seqs = args.budget_requests
+    # a 30M model is launch-bound on any GPU: a real shape there (random weights)
+    model = args.model or ("Qwen2.5-0.5B" if device.type == "cuda" else "small-llama")
+    systems = args.systems
+    if systems is None:
+        systems = list(SYSTEMS)
+        if find_vllm_python(args.vllm_python) is not None:
+            systems.append("vllm")
+        else:
+            print("vllm: not found (set PAGEDKV_VLLM_PYTHON or --vllm-python); skipped")
+    print(
+        f"model {model}, workload {args.workload}: {len(requests)} requests, "
+        f"{sum(r.output_len for r in requests)} output tokens, max_model_len {length}, "
+        f"KV budget {args.budget_requests} x {length} tokens, block size {args.block_size}, "
+        f"max_num_seqs {max_num_seqs}, "
+        f"max_num_batched_tokens {args.max_num_batched_tokens or max(512, length)}"
+    )
+    rows, outputs = serve_benchmark(
+        model,
+        requests,
+        device=device,
+        max_model_len=length,
+        budget_requests=args.budget_requests,
+        block_size=args.block_size,
+        systems=tuple(systems),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        repeats=args.repeats,
+        threads=args.threads,
+        static_policy=args.static_policy,
+        vllm_python=args.vllm_python,
+        vllm_block_sizes_to_try=tuple(args.vllm_block_sizes),
+        vllm_modes=tuple(args.vllm_modes),
+    )
+    title = serve_title(rows) + f", workload {args.workload} ({len(requests)} requests)"
+    print_serve_table(rows, title)
+    first = outputs[rows[0]["system"]]
+    same = {k: sum(a == b for a, b in zip(v, first)) for k, v in outputs.items()}
+    print(
+        f"requests with tokens identical to {rows[0]['system']}'s (of {len(first)}): {same}"
+    )
+    if args.plot:
+        plot_serve(rows, title, args.plot)
+        print(f"figure: {args.plot}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedkv_lab.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    kp = sub.add_parser("kernel", help="paged vs contiguous decode attention")
+    kp.add_argument(
+        "--batch", type=int, nargs="+", help="batch sizes (default: by device)"
+    )
+    kp.add_argument(
+        "--context", type=int, nargs="+", help="context lengths (default: by device)"
+    )
+    kp.add_argument(
+        "--block-size", type=int, nargs="+", default=None,
+        help="block sizes (default: 16 on a CPU; 16 and 32 on a GPU)",
+    )
+    kp.add_argument(
+        "--dtype", nargs="+", default=None,
+        help="float32 float16 bfloat16 (default: float32 on a CPU; float16 and bfloat16 on a GPU)",
+    )
+    kp.add_argument("--repeats", type=int, default=15)
+    kp.add_argument(
+        "--threads", type=int, default=None, help="CPU threads (default: torch's)"
+    )
+    kp.add_argument("--device", default=None)
+    _add_serve_parser(sub)
+    ap = sub.add_parser(
+        "all", help="every benchmark, written to a report folder (see report.py)"
+    )
+    ap.add_argument("--out", default="report", help="report folder (default: report/)")
+    ap.add_argument(
+        "--sections",
+        nargs="+",
+        default=None,
+        help="kernel serve sampling rate blocks (default: all)",
+    )
+    ap.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    ap.add_argument("--vllm-python", default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--device", default=None)
+    args = parser.parse_args(argv)
+
+    from .. import attention  # noqa: F401  (sets Triton's interpreter mode when there is no GPU)
+    from ..device import by_device, device_report, pick_device
+
+    device = pick_device(args.device)
+    print(" | ".join(f"{k} {v}" for k, v in device_report(device).items()))
+    if args.command == "kernel":
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        print(f"{torch.get_num_threads()} CPU threads")
+        batches = args.batch or by_device((1, 8, 32), (1, 8, 64, 256), device)
+        contexts = args.context or by_device(
+            (128, 1024, 4096), (512, 1024, 4096, 16384), device
+        )
+        block_sizes = args.block_size or by_device((16,), (16, 32), device)
+        dtypes = [getattr(torch, d) for d in args.dtype] if args.dtype else by_device(
+            (torch.float32,), (torch.float16, torch.bfloat16), device
+        )
+        for dtype in dtypes:
+            for block_size in block_sizes:
+                print(f"\nblock size {block_size}")
+                rows = kernel_benchmark(
+                    device, batches, contexts, block_size=block_size,
+                    dtype=dtype, repeats=args.repeats,
+                )  # fmt: skip
+                print_kernel_table(rows)
+        if device.type != "cuda":
+            print("Kernel bandwidth against a plain copy needs a CUDA GPU.")
+    elif args.command == "serve":
+        _serve_main(args, device)
+    elif args.command == "all":
+        import sys
+
+        from .report import SECTIONS, run_all
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        run_all(
+            args.out,
+            device,
+            sections=tuple(args.sections or SECTIONS),
+            vllm_python=args.vllm_python,
+            command="python -m pagedkv_lab.bench " + " ".join(sys.argv[1:]),
+            quick=args.quick,
+        )
+        print(f"report: {args.out}/report.md")
+
