@@ -192,6 +192,15 @@ def prefill_comparison(device, smoke: bool) -> dict:
     return result
 
 
+def geometric_means(rows: list[dict], fields: tuple[str, ...], ratio: str) -> dict:
+    """Per setting (the values of ``fields``), the geometric mean of ``ratio``
+    over the grid's shapes: the score a sweep ranks its settings by."""
+    logs: dict[tuple, list[float]] = {}
+    for r in rows:
+        logs.setdefault(tuple(r[f] for f in fields), []).append(math.log(r[ratio]))
+    return {key: math.exp(statistics.mean(xs)) for key, xs in logs.items()}
+
+
 def tune(device, smoke: bool) -> list[dict]:
     """The tiled decode kernel's launch settings swept on Llama-3-8B's attention
     shape (32 heads, 8 KV heads, head_dim 128), bf16, blocks of 16: keys per
@@ -201,7 +210,7 @@ def tune(device, smoke: bool) -> list[dict]:
     import itertools
     from functools import partial
 
-    from pagedkv_lab.bench.kernel import _contiguous_decode, _paged_copy
+    from pagedkv_lab.bench.kernel import _contiguous_decode, _paged_copy, random_normal
     from pagedkv_lab.bench.timing import time_calls
 
     grid = [(8, 1024), (8, 4096), (8, 16384), (64, 4096), (64, 16384), (256, 4096)]
@@ -211,11 +220,12 @@ def tune(device, smoke: bool) -> list[dict]:
     heads, kv_heads, dim = 32, 8, 128
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     gen = torch.Generator().manual_seed(0)
+    draw_gen = torch.Generator(device).manual_seed(0)
     rows = []
     saved = attention.PROGRAMS_PER_SM
     for batch, ctx in grid:
-        q = torch.randn(batch, heads, dim, generator=gen).to(device, dtype)
-        k, v = (torch.randn(batch, kv_heads, ctx, dim, generator=gen).to(device, dtype)
+        q = random_normal((batch, heads, dim), dtype, device, draw_gen)
+        k, v = (random_normal((batch, kv_heads, ctx, dim), dtype, device, draw_gen)
                 for _ in range(2))  # fmt: skip
         kc, vc, tables = _paged_copy(k, v, 16, gen)
         lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
@@ -244,14 +254,8 @@ def tune(device, smoke: bool) -> list[dict]:
               f"default {default / base:.2f}x, best {t[best] / base:.2f}x {best}")  # fmt: skip
         del q, k, v, kc, vc, calls
         torch.cuda.empty_cache() if device.type == "cuda" else None
-    keys = {(r["tile_n"], r["programs_per_sm"], r["num_warps"], r["num_stages"]) for r in rows}
-    score = {
-        key: math.exp(statistics.mean(
-            math.log(r["over_contiguous"]) for r in rows
-            if (r["tile_n"], r["programs_per_sm"], r["num_warps"], r["num_stages"]) == key
-        ))
-        for key in keys
-    }  # fmt: skip
+    fields = ("tile_n", "programs_per_sm", "num_warps", "num_stages")
+    score = geometric_means(rows, fields, "over_contiguous")
     for key in sorted(score, key=score.get)[:5]:
         print(f"  geometric mean over the grid {score[key]:.3f}x contiguous: "
               f"tile {key[0]}, {key[1]} programs/SM, {key[2]} warps, stages {key[3]}")  # fmt: skip
@@ -266,7 +270,7 @@ def tune_prefill(device, smoke: bool) -> list[dict]:
     import itertools
     from functools import partial
 
-    from pagedkv_lab.bench.kernel import _paged_copy
+    from pagedkv_lab.bench.kernel import _paged_copy, random_normal
     from pagedkv_lab.bench.timing import time_calls
 
     grid = [(4, 1024), (16, 256), (2, 2048)] if not smoke else [(2, 40)]
@@ -276,10 +280,11 @@ def tune_prefill(device, smoke: bool) -> list[dict]:
     heads, kv_heads, dim = 32, 8, 128
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     gen = torch.Generator().manual_seed(0)
+    draw_gen = torch.Generator(device).manual_seed(0)
     out = []
     for seqs, length in grid:
-        q4 = torch.randn(seqs, heads, length, dim, generator=gen).to(device, dtype)
-        k, v = (torch.randn(seqs, kv_heads, length, dim, generator=gen).to(device, dtype)
+        q4 = random_normal((seqs, heads, length, dim), dtype, device, draw_gen)
+        k, v = (random_normal((seqs, kv_heads, length, dim), dtype, device, draw_gen)
                 for _ in range(2))  # fmt: skip
         kc, vc, tables = _paged_copy(k, v, 16, gen)
         lens = torch.full((seqs,), length, dtype=torch.int64, device=device)
@@ -310,14 +315,8 @@ def tune_prefill(device, smoke: bool) -> list[dict]:
         print(f"  {seqs} x {length}: SDPA {1e3 * base:.3f} ms, current "
               f"{t.get(current, math.nan) / base:.2f}x, best {t[best] / base:.2f}x {best}")  # fmt: skip
         del q, q4, k, v, kc, vc, calls
-    keys = {(r["block_m"], r["tile_n"], r["num_warps"], r["num_stages"]) for r in out}
-    score = {
-        key: math.exp(statistics.mean(
-            math.log(r["over_sdpa"]) for r in out
-            if (r["block_m"], r["tile_n"], r["num_warps"], r["num_stages"]) == key
-        ))
-        for key in keys
-    }  # fmt: skip
+    score = geometric_means(out, ("block_m", "tile_n", "num_warps", "num_stages"),
+                            "over_sdpa")  # fmt: skip
     for key in sorted(score, key=score.get)[:5]:
         print(f"  geometric mean {score[key]:.3f}x causal SDPA: {key[0]} rows, "
               f"{key[1]} keys per tile, {key[2]} warps, stages {key[3]}")  # fmt: skip

@@ -42,6 +42,21 @@ def _paged_copy(
     return caches[0], caches[1], tables.to(k.device)
 
 
+def random_normal(
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    gen: torch.Generator,
+) -> torch.Tensor:
+    """Standard normal values in ``dtype`` on ``device``, drawn where ``gen``
+    lives: with a GPU generator on the GPU itself (a benchmark row's gigabytes
+    of K/V drawn on the host took longer than timing the row), with a CPU one
+    in fp32 on the host, then cast and moved."""
+    if gen.device.type == "cuda":
+        return torch.randn(shape, generator=gen, device=gen.device, dtype=dtype)
+    return torch.randn(shape, generator=gen).to(device, dtype)
+
+
 def decode_path_name(device: torch.device, head_dim: int = 64) -> str:
     """Which kernel `paged_decode` runs on ``device`` (for tables and plots)."""
     from .. import attention
@@ -101,15 +116,10 @@ def kernel_benchmark(
     if max_kv_bytes is None and cuda:
         max_kv_bytes = 4 << 30
     gen = torch.Generator().manual_seed(seed)
-    # K/V are drawn where they live: a GPU row's gigabytes drawn on the host
-    # took longer than timing it
     draw_gen = torch.Generator(device).manual_seed(seed) if cuda else gen
 
     def draw(*shape: int) -> torch.Tensor:
-        where, kind = (device, dtype) if cuda else ("cpu", torch.float32)
-        return torch.randn(shape, generator=draw_gen, device=where, dtype=kind).to(
-            device, dtype
-        )
+        return random_normal(shape, dtype, device, draw_gen)
 
     rows, calls = [], []
     for batch in batch_sizes:
