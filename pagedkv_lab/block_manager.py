@@ -9,15 +9,10 @@ from .engine import Sequence
 from .paging import BlockAllocator, BlockTable, OutOfBlocksError
 
 
-class BlockSpaceManager:
-    """Owns the pool of KV blocks and every sequence's table; no sharing yet.
-
-    The verbs are vLLM's: `can_allocate` / `allocate` admit a sequence,
-    `can_append_slots` / `append_slots` make room for the tokens a step
-    computes, `free` gives a sequence's blocks back. Chapter 08 keeps freed
-    blocks as a prefix cache through the hooks `num_cached_tokens`,
-    `cache_blocks` and `_free_order`.
-    """
+class BlockOwner:
+    """The pool of KV blocks and the tables that hold them: what every layer
+    below builds on. ``free`` gives a sequence's blocks back, last block first
+    (chapter 08 changes the order through `_free_order`)."""
 
     def __init__(self, num_blocks: int, block_size: int):
         self.allocator = BlockAllocator(num_blocks, block_size)
@@ -36,14 +31,6 @@ class BlockSpaceManager:
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def num_cached_tokens(self, seq: Sequence, limit: int) -> int:
-        """Leading tokens of ``seq`` (fewer than ``limit``) whose K/V the pool
-        already holds: none without a prefix cache (chapter 08)."""
-        return 0
-
-    def cache_blocks(self, seq: Sequence) -> None:
-        """Called once ``seq``'s computed tokens have K/V (chapter 08)."""
-
     def _take_block(self) -> int:
         return self.allocator.allocate()
 
@@ -54,35 +41,17 @@ class BlockSpaceManager:
         """The order a sequence's blocks are released in: last block first."""
         return reversed(blocks)
 
-    def can_allocate(
-        self,
-        seq: Sequence,
-        num_cached_tokens: int,
-        num_new_tokens: int,
-        watermark: int = 0,
-        reserve_tokens: int = 0,
-    ) -> bool:
-        """Whether ``seq`` can be admitted to compute ``num_new_tokens`` after its
-        cached ones, with blocks for at least ``reserve_tokens`` tokens and
-        ``watermark`` blocks left free."""
-        tokens = max(num_cached_tokens + num_new_tokens, reserve_tokens)
-        return self._blocks_for(tokens) + watermark <= self.num_free_blocks
+    def free(self, seq: Sequence) -> None:
+        """Drop ``seq``'s references; a block is free when none is left."""
+        if seq.block_table is None:
+            return
+        for block in self._free_order(seq.block_table.blocks):
+            self._drop_block(block)
+        seq.block_table = None
 
-    def allocate(
-        self,
-        seq: Sequence,
-        num_cached_tokens: int,
-        num_new_tokens: int,
-        reserve_tokens: int = 0,
-    ) -> None:
-        """Give a waiting sequence a block table with room for its next tokens."""
-        assert seq.block_table is None, f"sequence {seq.seq_id} already has blocks"
-        assert num_cached_tokens == 0, "this block manager caches nothing"
-        seq.block_table = BlockTable(self.allocator)
-        seq.num_computed_tokens = 0
-        reserved = self._blocks_for(reserve_tokens)
-        seq.block_table.blocks = [self._take_block() for _ in range(reserved)]
-        self.append_slots(seq, num_new_tokens)
+class SlotAppender(BlockOwner):
+    """Grows block tables for the tokens a step computes: `can_append_slots`
+    asks, `append_slots` takes the blocks."""
 
     def _written(self, seq: Sequence, num_new_tokens: int) -> tuple[range, int]:
         """Indices of ``seq``'s blocks its next ``num_new_tokens`` land in, and
@@ -124,30 +93,82 @@ class BlockSpaceManager:
         last = seq.num_computed_tokens + num_new_tokens
         seq.block_table.num_tokens = max(seq.block_table.num_tokens, last)
 
-    def free(self, seq: Sequence) -> None:
-        """Drop ``seq``'s references; a block is free when none is left."""
-        if seq.block_table is None:
-            return
-        for block in self._free_order(seq.block_table.blocks):
-            self._drop_block(block)
-        seq.block_table = None
+class BlockSpaceManager(SlotAppender):
+    """Owns the pool of KV blocks and every sequence's table; no sharing yet.
 
-class BlockManager(BlockSpaceManager):
-    """A `BlockSpaceManager` whose sequences share blocks.
-
-    A block's reference count is the number of block tables holding it.
-    `fork` gives a new sequence the blocks of another, with no K/V copied.
-    A sequence about to write into a block that others also hold gets its own
-    copy first (copy-on-write); the copies of a step are collected here and
-    handed to the model runner by `take_copies`, to run in one batched call
-    before the forward pass. With ``eager_fork_copy`` a fork copies the
-    parent's partial last block at once, when a block is free (transformers'
-    way), for comparison.
+    The verbs are vLLM's: `can_allocate` / `allocate` admit a sequence,
+    `can_append_slots` / `append_slots` make room for the tokens a step
+    computes, `free` gives a sequence's blocks back. Chapter 08 keeps freed
+    blocks as a prefix cache through the hooks `num_cached_tokens`,
+    `cache_blocks` and `_free_order`.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, eager_fork_copy=False):
+    def num_cached_tokens(self, seq: Sequence, limit: int) -> int:
+        """Leading tokens of ``seq`` (fewer than ``limit``) whose K/V the pool
+        already holds: none without a prefix cache (chapter 08)."""
+        return 0
+
+    def cache_blocks(self, seq: Sequence) -> None:
+        """Called once ``seq``'s computed tokens have K/V (chapter 08)."""
+
+    def can_allocate(
+        self,
+        seq: Sequence,
+        num_cached_tokens: int,
+        num_new_tokens: int,
+        watermark: int = 0,
+        reserve_tokens: int = 0,
+    ) -> bool:
+        """Whether ``seq`` can be admitted to compute ``num_new_tokens`` after its
+        cached ones, with blocks for at least ``reserve_tokens`` tokens and
+        ``watermark`` blocks left free."""
+        tokens = max(num_cached_tokens + num_new_tokens, reserve_tokens)
+        return self._blocks_for(tokens) + watermark <= self.num_free_blocks
+
+    def allocate(
+        self,
+        seq: Sequence,
+        num_cached_tokens: int,
+        num_new_tokens: int,
+        reserve_tokens: int = 0,
+    ) -> None:
+        """Give a waiting sequence a block table with room for its next tokens."""
+        assert seq.block_table is None, f"sequence {seq.seq_id} already has blocks"
+        assert num_cached_tokens == 0, "this block manager caches nothing"
+        seq.block_table = BlockTable(self.allocator)
+        seq.num_computed_tokens = 0
+        reserved = self._blocks_for(reserve_tokens)
+        seq.block_table.blocks = [self._take_block() for _ in range(reserved)]
+        self.append_slots(seq, num_new_tokens)
+
+class ForkingBlockManager(BlockSpaceManager):
+    """A `BlockSpaceManager` whose sequences can share blocks through `fork`.
+
+    A block's reference count is the number of block tables holding it.
+    """
+
+    def fork(
+        self, parent: Sequence, child: Sequence, num_tokens: int | None = None
+    ) -> None:
+        """Let ``child`` read ``parent``'s blocks (those holding its first
+        ``num_tokens`` tokens, default all): no K/V is copied, only counts."""
+        assert child.block_table is None, f"sequence {child.seq_id} has blocks"
+        held = parent.block_table.num_tokens if num_tokens is None else num_tokens
+        table = BlockTable(self.allocator)
+        table.blocks = parent.block_table.blocks[: self._blocks_for(held)]
+        table.num_tokens = held
+        for block in table.blocks:
+            self.allocator.incref(block)
+        child.block_table = table
+
+class CopyOnWriteManager(ForkingBlockManager):
+    """A `ForkingBlockManager` whose sequences copy a shared block before they
+    write into it. The copies of a step are collected here and handed to the
+    model runner by `take_copies`, to run in one batched call before the
+    forward pass."""
+
+    def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)
-        self.eager_fork_copy = eager_fork_copy
         # This step's copies, destination -> source.
         self._copies: dict[int, int] = {}
         self.num_copies = 0
@@ -168,28 +189,11 @@ class BlockManager(BlockSpaceManager):
             if self.ref_counts[seq.block_table.blocks[i]] > 1:
                 self._copy(seq.block_table, i)
 
-    def fork(
-        self, parent: Sequence, child: Sequence, num_tokens: int | None = None
-    ) -> None:
-        """Let ``child`` read ``parent``'s blocks (those holding its first
-        ``num_tokens`` tokens, default all): no K/V is copied, only counts."""
-        assert child.block_table is None, f"sequence {child.seq_id} has blocks"
-        held = parent.block_table.num_tokens if num_tokens is None else num_tokens
-        table = BlockTable(self.allocator)
-        table.blocks = parent.block_table.blocks[: self._blocks_for(held)]
-        table.num_tokens = held
-        for block in table.blocks:
-            self.allocator.incref(block)
-        child.block_table = table
-        eager = self.eager_fork_copy and self.num_free_blocks > 0
-        if eager and held % self.block_size:
-            self._copy(table, len(table.blocks) - 1)
-
-    def free(self, seq: Sequence) -> None:
-        super().free(seq)
-        # A pending copy into a block that is free again must not run.
-        for dst in [d for d in self._copies if self.ref_counts[d] == 0]:
-            del self._copies[dst]
+    @property
+    def pending_copies(self) -> dict[int, int]:
+        """The copies recorded this step and not yet taken, destination ->
+        source: a destination block holds its content only once they ran."""
+        return dict(self._copies)
 
     def take_copies(self) -> list[tuple[int, int]]:
         """This step's ``(src, dst)`` copies, for the model runner; clears them."""
@@ -198,27 +202,28 @@ class BlockManager(BlockSpaceManager):
         self.num_copies += len(copies)
         return copies
 
-    def content_source(self, block: int) -> int:
-        """The block holding what ``block`` will hold once this step's copies
-        ran (chapter 09 swaps out from it)."""
-        return self._copies.get(block, block)
+class BlockManager(CopyOnWriteManager):
+    """Blocks shared through `fork` and copied on write, lazily: a sequence
+    copies a shared block only when it writes into it, and the last holder
+    writes in place. With ``eager_fork_copy`` a fork copies the parent's
+    partial last block at once, when a block is free (transformers' way), for
+    comparison."""
 
-    def allocate_tables(
-        self, seqs: list[Sequence], layouts: list[list[int]], num_tokens: list[int]
-    ) -> dict[int, int]:
-        """Give each of ``seqs`` a new table shaped like ``layouts[i]``, entries
-        equal across layouts sharing one new block (chapter 09 brings swapped
-        sequences back this way). Returns layout entry -> new block."""
-        new: dict[int, int] = {}
-        for seq, layout, n in zip(seqs, layouts, num_tokens):
-            assert seq.block_table is None, f"sequence {seq.seq_id} has blocks"
-            table = BlockTable(self.allocator)
-            for old in layout:
-                if old in new:
-                    self.allocator.incref(new[old])
-                else:
-                    new[old] = self._take_block()
-                table.blocks.append(new[old])
-            table.num_tokens = n
-            seq.block_table = table
-        return new
+    def __init__(self, num_blocks: int, block_size: int, eager_fork_copy=False):
+        super().__init__(num_blocks, block_size)
+        self.eager_fork_copy = eager_fork_copy
+
+    def fork(
+        self, parent: Sequence, child: Sequence, num_tokens: int | None = None
+    ) -> None:
+        super().fork(parent, child, num_tokens)
+        table = child.block_table
+        eager = self.eager_fork_copy and self.num_free_blocks > 0
+        if eager and table.num_tokens % self.block_size:
+            self._copy(table, len(table.blocks) - 1)
+
+    def free(self, seq: Sequence) -> None:
+        super().free(seq)
+        # A pending copy into a block that is free again must not run.
+        for dst in [d for d in self._copies if self.ref_counts[d] == 0]:
+            del self._copies[dst]

@@ -13,16 +13,13 @@ import torch
 from .engine import SamplingParams, Sequence, _check_int
 from .scheduler import SequenceGroup
 
+# transformers' three meanings of `early_stopping` (see `BeamSearchParams`).
+EARLY_STOPPING = (True, False, "never")
 
 class ForkingGroup(SequenceGroup):
-    """A group whose sequences fork from its prompt and advance in lockstep.
-
-    The prompt is computed once, by the first sequence; the others share its
-    blocks through `BlockManager.fork`. All running sequences sample in the
-    same step: when a preempted group recomputes, its first sequence computes
-    the prompt, the others fork from it again, each computes its own tokens
-    but the last, and the last tokens of all are computed together.
-    """
+    """A group whose sequences fork from its prompt and advance in lockstep:
+    the first sequence computes the prompt, the others share its blocks through
+    `BlockManager.fork`, and all running sequences sample in the same step."""
 
     width = 1
 
@@ -121,7 +118,7 @@ class BeamSearchParams:
             self.length_penalty
         ):
             raise ValueError("length_penalty must be a finite number")
-        if self.early_stopping not in (True, False, "never"):
+        if self.early_stopping not in EARLY_STOPPING:
             raise ValueError("early_stopping must be True, False or 'never'")
 
     @property
@@ -131,7 +128,6 @@ class BeamSearchParams:
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
         return ()
-
 
 @dataclass
 class BeamSearchSequence:
@@ -152,10 +148,9 @@ class BeamSearchOutput:
     prompt_token_ids: list[int]
     sequences: list[BeamSearchSequence]
 
-class BeamSearchGroup(ForkingGroup):
-    """Beam search inside the engine: beams share blocks through fork, a pruned
-    beam frees its blocks at once, a beam that extends a shared partial block
-    copies it on write (the block manager does that at the next step)."""
+class BeamHypotheses(ForkingGroup):
+    """The finished side of beam search: hypotheses kept best first, at most
+    ``beam_width`` of them, scored as transformers scores them."""
 
     # The beams' logits are ranked together, by this group's own `process`.
     samples_in_batch = False
@@ -174,6 +169,57 @@ class BeamSearchGroup(ForkingGroup):
         # Finished hypotheses: (score, tokens, cum_logprob, finish_reason).
         self.finished: list[tuple[float, list[int], float, str]] = []
         self.improvable = True
+
+    def _keep_finished(self, cands, generated: int) -> None:
+        """Add the candidates among the best ``width`` that end here."""
+        if not self.improvable or self._full_and_early():
+            return
+        for score, parent, token, stop, in_top_k in cands:
+            if stop and in_top_k:
+                tokens = parent.output_token_ids + [token]
+                norm = score / generated**self.beam.length_penalty
+                self.finished.append((norm, tokens, score, stop))
+        self.finished.sort(key=lambda h: -h[0])
+        del self.finished[self.width :]
+
+    def _full_and_early(self) -> bool:
+        return self.beam.early_stopping is True and len(self.finished) == self.width
+
+    def results(self) -> list[tuple[list[int], float, str, float]]:
+        """Finished hypotheses, best first: (tokens, cum_logprob, reason, score).
+
+        A search cut short (abort, error) also returns its running beams.
+        """
+        done = [(t, cum, reason, score) for score, t, cum, reason in self.finished]
+        cut = [s for s in self.seqs if s.finish_reason in ("abort", "error")]
+        return done + [
+            (s.output_token_ids, s.cumulative_logprob, s.finish_reason, None)
+            for s in cut
+        ]
+
+
+class EarlyStoppingBeams(BeamHypotheses):
+    """`BeamHypotheses` plus transformers' rule for when to stop searching."""
+
+    def _update_improvable(self, going, generated: int) -> None:
+        """transformers' early-stop heuristic: can the best running beam still
+        beat the worst finished hypothesis?"""
+        p = self.beam
+        if len(self.finished) < self.width or not going:
+            return
+        if p.early_stopping == "never" and p.length_penalty > 0:
+            best_len = p.max_tokens
+        else:
+            best_len = generated
+        best = going[0][0] / best_len**p.length_penalty
+        if best <= self.finished[-1][0]:
+            self.improvable = False
+
+
+class BeamSearchGroup(EarlyStoppingBeams):
+    """Beam search inside the engine: beams share blocks through fork, a pruned
+    beam frees its blocks at once, a beam that extends a shared partial block
+    copies it on write (the block manager does that at the next step)."""
 
     def process(self, seqs, logits, eos_token_ids, max_model_len, block_manager):
         p, k = self.beam, self.width
@@ -200,35 +246,6 @@ class BeamSearchGroup(ForkingGroup):
             going = []
         self._advance(seqs, going, max_model_len, block_manager)
 
-    def _keep_finished(self, cands, generated: int) -> None:
-        """Add the candidates among the best ``width`` that end here."""
-        if not self.improvable or self._full_and_early():
-            return
-        for score, parent, token, stop, in_top_k in cands:
-            if stop and in_top_k:
-                tokens = parent.output_token_ids + [token]
-                norm = score / generated**self.beam.length_penalty
-                self.finished.append((norm, tokens, score, stop))
-        self.finished.sort(key=lambda h: -h[0])
-        del self.finished[self.width :]
-
-    def _full_and_early(self) -> bool:
-        return self.beam.early_stopping is True and len(self.finished) == self.width
-
-    def _update_improvable(self, going, generated: int) -> None:
-        """transformers' early-stop heuristic: can the best running beam still
-        beat the worst finished hypothesis?"""
-        p = self.beam
-        if len(self.finished) < self.width or not going:
-            return
-        if p.early_stopping == "never" and p.length_penalty > 0:
-            best_len = p.max_tokens
-        else:
-            best_len = generated
-        best = going[0][0] / best_len**p.length_penalty
-        if best <= self.finished[-1][0]:
-            self.improvable = False
-
     def _advance(self, seqs, going, max_model_len, block_manager):
         """Make the running beams ``going`` from their parents: a parent's first
         child is the parent itself, the others fork it; a parent without a
@@ -252,15 +269,3 @@ class BeamSearchGroup(ForkingGroup):
             # The search, not the length, decides when a beam ends.
             beam.finish_reason = None
         self.seqs = [b for b, _, _ in beams] or list(seqs)
-
-    def results(self) -> list[tuple[list[int], float, str, float]]:
-        """Finished hypotheses, best first: (tokens, cum_logprob, reason, score).
-
-        A search cut short (abort, error) also returns its running beams.
-        """
-        done = [(t, cum, reason, score) for score, t, cum, reason in self.finished]
-        cut = [s for s in self.seqs if s.finish_reason in ("abort", "error")]
-        return done + [
-            (s.output_token_ids, s.cumulative_logprob, s.finish_reason, None)
-            for s in cut
-        ]

@@ -10,7 +10,7 @@ from collections import deque
 import torch
 
 from .engine import PagedKVCache
-from .paging import BlockAllocator
+from .paging import BlockAllocator, BlockTable
 from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
 
 VICTIM_POLICIES = ("newest", "longest-output", "shortest-output")
@@ -89,8 +89,10 @@ class SwapOutPool(CpuBlockPool):
                     host_of[block] = self.allocator.allocate()
             layout = [host_of[b] for b in table.blocks]
             self.tables[seq.seq_id] = (layout, table.num_tokens)
-        # A block about to receive a copy this step is read from the copy's source.
-        moves = [(block_manager.content_source(d), h) for d, h in host_of.items()]
+        # A block about to receive a copy-on-write this step (chapter 07) holds
+        # its content only once the copy ran: read the copy's source instead.
+        pending = block_manager.pending_copies
+        moves = [(pending.get(d, d), h) for d, h in host_of.items()]
         for seq in self._on_device(group):
             block_manager.free(seq)
         self.blocks_out += len(moves)
@@ -114,7 +116,19 @@ class SwapSpace(SwapOutPool):
         seqs = [s for s in group.seqs if s.seq_id in self.tables]
         layouts = [self.tables[s.seq_id][0] for s in seqs]
         held = [self.tables.pop(s.seq_id)[1] for s in seqs]
-        device_of = block_manager.allocate_tables(seqs, layouts, held)
+        device_of: dict[int, int] = {}  # host block -> its new device block
+        device = block_manager.allocator
+        for seq, layout, n in zip(seqs, layouts, held):
+            assert seq.block_table is None, f"sequence {seq.seq_id} has blocks"
+            table = BlockTable(device)
+            for host in layout:
+                if host in device_of:
+                    device.incref(device_of[host])
+                else:
+                    device_of[host] = device.allocate()
+                table.blocks.append(device_of[host])
+            table.num_tokens = n
+            seq.block_table = table
         self._release(layouts)
         self.blocks_in += len(device_of)
         return list(device_of.items())

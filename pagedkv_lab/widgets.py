@@ -535,21 +535,54 @@ def trace_beam_search(
     model: str = "tiny-llama",
     seed: int = 0,
 ) -> tuple[dict, ...]:
-    """Run one real beam search step by step and record its blocks.
+    """Run one real beam search step by step and record its blocks as each
+    step's forward pass sees them: after the step's copies-on-write, before
+    its tokens are sampled.
 
-    Each frame is a dict: ``step``; ``beams``, a list of ``(seq_id, blocks,
-    tokens)`` for the running beams (their block tables in logical order and
-    how many tokens have K/V); ``refs``, block -> reference count;
-    ``copies``, the ``(src, dst)`` block copies the step made before its
-    forward pass; ``pruned``, the beams of the previous frame that are gone;
-    ``finished``, how many hypotheses have ended so far.
+    Each frame is a dict: ``step``; ``beams``, a list of ``(beam, blocks,
+    tokens)`` for the sequences the step computes (beams numbered in order of
+    appearance; their block tables in logical order; how many tokens have K/V
+    once the step ran); ``refs``, block -> reference count; ``copies``, the
+    ``(src, dst)`` copies made before the forward pass; ``in_place``, the
+    blocks a step writes into that others shared until this step (their last
+    holder writes in place); ``dropped``, the beams of this frame that the
+    step's ranking ends (pruned, or finished at the last step); ``finished``,
+    how many hypotheses have ended after the step.
     """
     import torch
 
     from .groups import BeamSearchGroup, BeamSearchParams
     from .llm import LLM, RequestMetrics
 
-    llm = LLM(model, block_size=block_size, kv_cache_memory=2**20, weights_seed=seed)
+    class Tracer(LLM):
+        """An `LLM` that snapshots the block tables at each forward pass."""
+
+        def _record_held_blocks(self) -> None:
+            super()._record_held_blocks()
+            plan = self.last_plan
+            sources = {src for src, _ in plan.block_copies}
+            refs = self.block_manager.ref_counts
+            beams, in_place = [], set()
+            for seq, n in zip(plan.seqs, plan.num_new_tokens):
+                blocks = list(seq.block_table.blocks)
+                first = seq.num_computed_tokens // block_size
+                last = (seq.num_computed_tokens + n - 1) // block_size
+                in_place |= sources & set(blocks[first : last + 1])
+                name = names.setdefault(seq.seq_id, len(names))
+                beams.append((name, blocks, seq.num_computed_tokens + n))
+            frames.append({
+                "step": len(frames),
+                "beams": beams,
+                "refs": {b: refs[b] for _, blocks, _ in beams for b in blocks},
+                "copies": list(plan.block_copies),
+                "in_place": in_place,
+            })  # fmt: skip
+
+    frames: list[dict] = []
+    # Beams numbered 0, 1, 2... in order of appearance (sequence ids depend on
+    # whatever ran before).
+    names: dict[int, int] = {}
+    llm = Tracer(model, block_size=block_size, kv_cache_memory=2**20, weights_seed=seed)
     llm.eos_token_ids = frozenset()
     g = torch.Generator().manual_seed(seed)
     prompt = [1] + torch.randint(3, 259, (prompt_len - 1,), generator=g).tolist()
@@ -557,46 +590,29 @@ def trace_beam_search(
     group = BeamSearchGroup(0, prompt, params)
     llm._requests[0] = (group, None, RequestMetrics(0.0))
     llm.scheduler.add(group)
-    frames, before = [], set()
-    step = 0
-    # Beams numbered 0, 1, 2... in order of appearance (sequence ids depend on
-    # whatever ran before).
-    names: dict[int, int] = {}
     while llm.has_unfinished_requests():
         llm.step()
-        beams = [
-            (
-                names.setdefault(s.seq_id, len(names)),
-                list(s.block_table.blocks),
-                s.num_computed_tokens,
-            )
-            for s in group.running_seqs
-            if s.block_table is not None
-        ]
-        now = {b[0] for b in beams}
-        refs = llm.block_manager.ref_counts
-        frames.append(
-            {
-                "step": step,
-                "beams": beams,
-                "refs": {b: refs[b] for _, blocks, _ in beams for b in blocks},
-                "copies": list(llm.last_plan.block_copies),
-                "pruned": sorted(before - now),
-                "finished": len(group.finished),
-            }
-        )
-        before, step = now, step + 1
+        frames[-1]["finished"] = len(group.finished)
+    for frame, after in zip(frames, frames[1:] + [{"beams": []}]):
+        going = {b[0] for b in after["beams"]}
+        frame["dropped"] = [b[0] for b in frame["beams"] if b[0] not in going]
     return tuple(frames)
 
 
-def draw_beam_frame(ax, frame: dict, block_size: int, width: int) -> None:
-    """One frame of `trace_beam_search`: a row per beam, its blocks left to right.
+def draw_beam_frame(
+    ax, frame: dict, block_size: int, width: int, rows: int | None = None
+) -> None:
+    """One frame of `trace_beam_search`: a row per beam, its blocks left to right,
+    each filled as far as it holds tokens and labelled with its block id.
 
     A block held by one beam is blue, one shared by several green; a block the
-    step just copied (copy-on-write) has a thick black outline.
+    step copied into has a thick black outline, a formerly shared block that
+    its last holder writes in place a thick dashed orange one. Beams the step
+    ends are labelled in grey. ``rows`` fixes the height in beams, so that
+    frames drawn side by side share a scale.
     """
     copied = {dst for _, dst in frame["copies"]}
-    for row, (seq_id, blocks, tokens) in enumerate(frame["beams"]):
+    for row, (beam, blocks, tokens) in enumerate(frame["beams"]):
         y = len(frame["beams"]) - 1 - row
         for i, block in enumerate(blocks):
             filled = min(block_size, max(0, tokens - i * block_size))
@@ -605,32 +621,27 @@ def draw_beam_frame(ax, frame: dict, block_size: int, width: int) -> None:
             part = 0.92 * filled / block_size
             ax.add_patch(plt.Rectangle((i, y), 0.92, 0.8, fc="white", ec=color))
             ax.add_patch(plt.Rectangle((i, y), part, 0.8, fc=color, ec=color))
-            if block in copied:
-                ax.add_patch(
-                    plt.Rectangle((i, y), 0.92, 0.8, fill=False, ec="black", lw=2)
+            if block in copied or block in frame["in_place"]:
+                style = (
+                    dict(ec="black", lw=2.2)
+                    if block in copied
+                    else dict(ec="#e69f00", lw=2.2, ls="--")
                 )
-            dark = filled > block_size / 2
+                ax.add_patch(plt.Rectangle((i, y), 0.92, 0.8, fill=False, **style))
+            # the id on a white label: readable over any fill and outline
             ax.text(
-                i + 0.46,
-                y + 0.4,
-                str(block),
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white" if dark else "#333333",
-            )
-        ax.text(-0.2, y + 0.4, f"beam {seq_id}", ha="right", va="center", fontsize=7)
-    if not frame["beams"]:
+                i + 0.46, y + 0.4, str(block), ha="center", va="center", fontsize=7,
+                color="#222222",
+                bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none"),
+            )  # fmt: skip
+        ended = beam in frame["dropped"]
         ax.text(
-            width / 2 - 1.1,
-            0.4,
-            f"search finished: {frame['finished']} hypotheses, every block freed",
-            ha="center",
-            va="center",
-            fontsize=9,
-        )
-    ax.set_xlim(-2.2, width)
-    ax.set_ylim(-0.2, max(1, len(frame["beams"])))
+            -0.2, y + 0.4, f"beam {beam}" + (" (ends)" if ended else ""),
+            ha="right", va="center", fontsize=7,
+            color="#999999" if ended else "#222222",
+        )  # fmt: skip
+    ax.set_xlim(-2.6, width)
+    ax.set_ylim(-0.2, max(1, rows or 0, len(frame["beams"])))
     ax.axis("off")
 
 
@@ -639,8 +650,19 @@ def beam_legend_handles() -> list:
     return [
         Patch(fc=COLORS["used"], label="block held by one beam"),
         Patch(fc=COLORS["shared"], label="block shared (ref > 1)"),
-        Patch(fc="white", ec="black", lw=2, label="copied this step"),
+        Patch(fc="white", ec="black", lw=2, label="copied into this step"),
+        Patch(fc="white", ec="#e69f00", lw=2, ls="--", label="written in place"),
     ]
+
+
+def beam_frame_title(frame: dict) -> str:
+    """A frame's one-line summary: copies, in-place writes, beams ended."""
+    n = len(frame["beams"])
+    return (
+        f"step {frame['step']}: {n} beam{'s' * (n != 1)}; "
+        f"{len(frame['copies'])} copied, {len(frame['in_place'])} in place; "
+        f"{len(frame['dropped'])} end"
+    )
 
 
 def beam_search_viewer():
@@ -660,15 +682,12 @@ def beam_search_viewer():
         with out:
             out.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * width.value))
-            draw_beam_frame(ax, frame, block_size.value, cols)
-            # the last step's vanished beams finished; earlier ones were pruned
-            gone = "ended" if not frame["beams"] else "pruned"
+            draw_beam_frame(ax, frame, block_size.value, cols, rows=width.value)
             ax.set_title(
-                f"step {frame['step']}: {len(frame['copies'])} copies, "
-                f"{len(frame['pruned'])} beams {gone}, {frame['finished']} finished",
+                beam_frame_title(frame) + f", {frame['finished']} finished",
                 fontsize=10,
             )
-            _legend_below(ax, beam_legend_handles(), ncol=3)
+            _legend_below(ax, beam_legend_handles(), ncol=4)
             plt.show()
 
     for control in (width, block_size, step):

@@ -19,16 +19,24 @@ def _contiguous_decode(
 
 
 def _paged_copy(
-    k: torch.Tensor, v: torch.Tensor, block_size: int, gen: torch.Generator
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_size: int,
+    gen: torch.Generator,
+    shuffle: bool = True,
 ):
-    """Scatter contiguous ``[seqs, kv_heads, ctx, D]`` K/V into shuffled blocks.
+    """Scatter contiguous ``[seqs, kv_heads, ctx, D]`` K/V into shuffled blocks
+    (with ``shuffle=False``, into blocks in order, each sequence's in a row).
 
     Returns the two caches and the block tables (int32, as the engine builds them).
     """
     seqs, kv_heads, ctx, head_dim = k.shape
     per_seq = -(-ctx // block_size)
     num_blocks = seqs * per_seq
-    order = torch.randperm(num_blocks, generator=gen)
+    if shuffle:
+        order = torch.randperm(num_blocks, generator=gen)
+    else:
+        order = torch.arange(num_blocks)
     tables = order.reshape(seqs, per_seq).to(torch.int32)
     caches = []
     for x in (k, v):
@@ -68,7 +76,7 @@ def decode_path_name(device: torch.device, head_dim: int = 64) -> str:
     return "PyTorch"
 
 
-GRAPHED_CALLS = ("contiguous", "paged", "first_triton")
+GRAPHED_CALLS = ("contiguous", "paged", "paged_in_order", "first_triton")
 
 
 def kernel_benchmark(
@@ -84,6 +92,7 @@ def kernel_benchmark(
     repeats: int = 10,
     seed: int = 0,
     max_kv_bytes: int | None = None,
+    in_order: bool = False,
 ) -> list[dict]:
     """Decode attention over the same K/V, stored paged and contiguously.
 
@@ -100,8 +109,14 @@ def kernel_benchmark(
     need not fit in GPU memory), and also reports the paged path's bandwidth
     against a device-to-device copy of the same bytes.
 
+    With ``in_order`` the paged kernel is also timed over a third copy of the
+    K/V whose blocks lie in order, each sequence's in a row: the same kernel
+    and the same tables' indirection, with only the scattering of blocks
+    removed (``shuffled_over_in_order``: what scattered blocks cost the kernel).
+
     A row holds its K/V about five times at once (contiguous, paged, the
-    PyTorch path's gather, and a copy's source and destination), so rows whose
+    PyTorch path's gather, and a copy's source and destination; six with
+    ``in_order``), so rows whose
     K/V exceed ``max_kv_bytes`` (default: 4 GiB on CUDA, no cap on a CPU) are
     left out rather than run out of device memory.
     """
@@ -131,6 +146,8 @@ def kernel_benchmark(
             k_cache, v_cache, tables = _paged_copy(k, v, block_size, gen)
             lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
             paged_args = (q, k_cache, v_cache, tables, lens)
+            if in_order:
+                ordered = _paged_copy(k, v, block_size, gen, shuffle=False)
             row_calls = {
                 "contiguous": partial(_contiguous_decode, q, k, v, heads != kv_heads),
                 "paged": partial(paged_decode, *paged_args, workspace={}, check=False),
@@ -138,6 +155,10 @@ def kernel_benchmark(
                     paged_decode_torch, *paged_args, workspace={}, check=False
                 ),
             }
+            if in_order:
+                row_calls["paged_in_order"] = partial(
+                    paged_decode, q, *ordered, lens, workspace={}, check=False
+                )
             if cuda:  # the rung below the tiled kernel: one program per sequence
                 row_calls["first_triton"] = partial(
                     paged_decode_triton, *paged_args, check=False
@@ -174,6 +195,7 @@ def kernel_benchmark(
                 calls.append(row_calls)
             # on CUDA nothing of this row outlives it (the next row's tensors may be larger)
             del k_cache, v_cache, k, v, q, paged_args, row_calls
+            ordered = None
             if cuda:
                 torch.cuda.empty_cache()
     best: list[dict] = [{} for _ in calls]
@@ -196,6 +218,11 @@ def _fill_kernel_row(row: dict, t: dict) -> None:
         torch_over_contiguous=t["torch"] / t["contiguous"],
         paged_GBps=row["kv_bytes"] / t["paged"] / 1e9,
     )
+    if "paged_in_order" in t:
+        row.update(
+            in_order_ms=t["paged_in_order"] * 1e3,
+            shuffled_over_in_order=t["paged"] / t["paged_in_order"],
+        )
     if "first_triton" in t:
         row.update(
             first_triton_ms=t["first_triton"] * 1e3,
@@ -207,6 +234,7 @@ def print_kernel_table(rows: list[dict]) -> None:
     """Print `kernel_benchmark` rows as one table (one print call)."""
     has_copy = "copy_GBps" in rows[0]
     has_first = "first_triton_ms" in rows[0]
+    has_order = "in_order_ms" in rows[0]
     lines = [
         f"paged = {rows[0]['path']}, torch = PyTorch gather + SDPA"
         + (", first = the first Triton kernel" if has_first else ""),
@@ -215,8 +243,11 @@ def print_kernel_table(rows: list[dict]) -> None:
         f"{'batch':>5} {'context':>7} {'contig ms':>10} {'paged ms':>9} "
         f"{'paged/contig':>12} {'torch/contig':>12}"
         + (f" {'first/contig':>12}" if has_first else "")
+        + (f" {'paged/in order':>14}" if has_order else "")
         + (f" {'paged GB/s':>10} {'of copy':>7}" if has_copy else ""),
     ]
+    if has_order:
+        lines.insert(1, "paged/in order = the paged kernel over the same blocks laid out in order")
     for r in rows:
         line = (
             f"{r['batch']:5} {r['context_len']:7} {r['contiguous_ms']:10.3f} "
@@ -225,6 +256,8 @@ def print_kernel_table(rows: list[dict]) -> None:
         )
         if has_first:
             line += f" {r['first_triton_over_contiguous']:12.2f}"
+        if has_order:
+            line += f" {r['shuffled_over_in_order']:14.2f}"
         if has_copy:
             line += f" {r['paged_GBps']:10.1f} {r['fraction_of_copy']:7.0%}"
         lines.append(line)
