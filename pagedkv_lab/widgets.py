@@ -612,8 +612,9 @@ def draw_beam_frame(
     frames drawn side by side share a scale.
     """
     copied = {dst for _, dst in frame["copies"]}
+    top = max(1, rows or 0, len(frame["beams"]))  # the first beam on the top row
     for row, (beam, blocks, tokens) in enumerate(frame["beams"]):
-        y = len(frame["beams"]) - 1 - row
+        y = top - 1 - row
         for i, block in enumerate(blocks):
             filled = min(block_size, max(0, tokens - i * block_size))
             shared = frame["refs"][block] > 1
@@ -641,7 +642,7 @@ def draw_beam_frame(
             color="#999999" if ended else "#222222",
         )  # fmt: skip
     ax.set_xlim(-2.6, width)
-    ax.set_ylim(-0.2, max(1, rows or 0, len(frame["beams"])))
+    ax.set_ylim(-0.2, top)
     ax.axis("off")
 
 

@@ -311,3 +311,26 @@ def test_kernel_tables_read_back_what_was_printed(capsys):
     assert all(r["dtype"] == "bfloat16" and r["block_size"] == 32 for r in got)
     assert got[1]["contiguous_ms"] == 16.0 and got[1]["torch_over_contiguous"] == 3.46
     assert got[0]["paged_GBps"] == 2500.0 and got[0]["fraction_of_copy"] == 0.83
+
+
+def test_sustained_rate_interpolates_the_first_crossing_of_the_bound():
+    from pagedkv_lab.bench.report import sustained_rate
+
+    def rows(system, points):
+        return [
+            {"system": system, "rate_req_per_s": r, "normalized_latency_s": lat}
+            for r, lat in points
+        ]
+
+    table = rows("a", [(40.0, 0.004), (10.0, 0.001), (20.0, 0.002)]) + rows(
+        "b", [(10.0, 0.003), (20.0, 0.009)]
+    )
+    # rows out of order; crossing 0.003 between 20 (0.002) and 40 (0.004)
+    assert sustained_rate(table, "a", 0.003) == pytest.approx(30.0)
+    assert sustained_rate(table, "a", 0.01) == 40.0  # never crosses: a lower bound
+    assert sustained_rate(table, "b", 0.002) is None  # over at the lowest rate
+    # a later dip below the bound does not count: the first crossing does
+    dip = rows("c", [(1.0, 1.0), (2.0, 3.0), (3.0, 1.0)])
+    assert sustained_rate(dip, "c", 2.0) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="no rows for system 'z'"):
+        sustained_rate(table, "z", 1.0)

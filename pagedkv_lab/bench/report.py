@@ -353,6 +353,31 @@ def rate_section(
     return {"model": name, "requests": n, "capacity_req_per_s": capacity, "rows": rows}
 
 
+def sustained_rate(rows: list[dict], system: str, bound_s: float) -> float | None:
+    """The highest request rate at which ``system`` keeps its normalised
+    latency within ``bound_s`` seconds per token: the vLLM paper's measure of
+    throughput "while maintaining similar latencies" (§6.2, Fig. 12).
+
+    ``rows`` are `rate_section`'s. The rate is interpolated linearly between
+    the two swept rates around the first crossing; it is the highest rate
+    swept (a lower bound) if the system never crosses, and None if it is over
+    the bound already at the lowest rate.
+    """
+    mine = sorted(
+        (r["rate_req_per_s"], r["normalized_latency_s"])
+        for r in rows
+        if r["system"] == system
+    )
+    if not mine:
+        raise ValueError(f"no rows for system {system!r}")
+    if mine[0][1] > bound_s:
+        return None
+    for (r0, l0), (r1, l1) in zip(mine, mine[1:]):
+        if l1 > bound_s:
+            return r0 + (r1 - r0) * (bound_s - l0) / (l1 - l0)
+    return mine[-1][0]
+
+
 def plot_latency_vs_rate(rate: dict, path: str | None = None):
     """Normalised latency against request rate, one curve per system."""
     import matplotlib.pyplot as plt
