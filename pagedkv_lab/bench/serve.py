@@ -164,8 +164,9 @@ def serve_benchmark(
     `find_vllm_python`) at each block size of ``vllm_block_sizes_to_try`` that its
     CPU backend accepts and in each of ``vllm_modes``: ``"eager"`` (row
     ``vllm-b<size>``) and ``"compile"``, vLLM's default torch.compile (row
-    ``vllm-b<size>-tc``); on this course's 2-core CPU box eager ran 5-10x faster
-    than compiled, hence the default; try both on yours.
+    ``vllm-b<size>-tc``). Which of the two is faster depends on the machine
+    (``book/vllm.md`` gives what two 2-core CPUs measured), so both run by
+    default.
 
     ``prompts`` replaces the random token ids drawn for ``requests`` (e.g. a
     workload whose prompts share a prefix; ``requests`` still gives the output
