@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import torch
 
 from .common import ServeSetup, _run_result, static_batches
+
+# the script the vLLM python runs: it needs nothing of this package
+VLLM_PEER_SCRIPT = Path(__file__).resolve().parent.parent / "_vllm_peer.py"
 
 
 class _HFStaticRunner:
@@ -273,7 +277,6 @@ class _VLLMRunner:
         import json
         import os
         import subprocess
-        from pathlib import Path
 
         from ..models import OFFLINE_MODELS
 
@@ -290,7 +293,7 @@ class _VLLMRunner:
         self.log_path = Path(log_dir) / f"{self.name}.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [python, str(Path(__file__).with_name("_vllm_peer.py"))],
+            [python, str(VLLM_PEER_SCRIPT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
