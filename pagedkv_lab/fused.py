@@ -5,7 +5,8 @@
 `ModelRunner` calls the model's own forward and replaces only its attention. Here
 the runner walks the same weights itself: one GEMM for q, k and v, one for gate
 and up, RMSNorm as one operation, RoPE on q and k heads together, and on a CPU
-projections read weights reordered once for oneDNN. The model object is left as it was.
+projections that read weights packed once (for a C++ loop in float32, for oneDNN
+otherwise). The model object is left as it was.
 """
 
 from __future__ import annotations
@@ -25,6 +26,20 @@ from .attention import SERIAL_WORK, build_cpu_kernel, load_cpu_kernel
 from .engine import ModelRunner, PagedKVCache, StepInputs, attend, write_kv
 
 
+def concatenated(layers: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layers' weights stacked into one ``[sum of outputs, inputs]`` matrix,
+    and their biases into one vector (zeros for a layer without; None if no
+    layer has one)."""
+    weight = torch.cat([layer.weight.detach() for layer in layers])
+    if all(layer.bias is None for layer in layers):
+        return weight, None
+    return weight, torch.cat([
+        layer.bias.detach() if layer.bias is not None
+        else weight.new_zeros(layer.out_features)
+        for layer in layers
+    ])  # fmt: skip
+
+
 class FusedLinear:
     """``x @ W.T + b`` for one or more linear layers that read the same input.
 
@@ -42,20 +57,7 @@ class FusedLinear:
         self.layers = layers
         self.packed, self.min_packed_rows = None, min_packed_rows
         if pack:
-            weight = torch.cat([layer.weight.detach() for layer in layers])
-            biases = [layer.bias for layer in layers]
-            self.bias = (
-                None
-                if all(b is None for b in biases)
-                else torch.cat(
-                    [
-                        b.detach()
-                        if b is not None
-                        else weight.new_zeros(lay.out_features)
-                        for b, lay in zip(biases, layers)
-                    ]
-                )
-            )
+            weight, self.bias = concatenated(layers)
             # The batch-size hint tunes the layout; any number of rows works.
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, 32)
 
@@ -136,7 +138,11 @@ class FusedLayer:
     scale: float
 
     @classmethod
-    def from_layer(cls, layer: nn.Module, pack: bool) -> FusedLayer:
+    def from_layer(
+        cls, layer: nn.Module, linear: Callable[[list[nn.Linear]], FusedLinear]
+    ) -> FusedLayer:
+        """``layer``'s weights, each group of projections that read the same
+        input made into one ``linear`` (`FusedLinear` or a subclass)."""
         attn, mlp = layer.self_attn, layer.mlp
         norms = [
             (n.weight, n.variance_epsilon)
@@ -144,11 +150,11 @@ class FusedLayer:
         ]
         return cls(
             input_norm=norms[0],
-            qkv=FusedLinear([attn.q_proj, attn.k_proj, attn.v_proj], pack),
-            o_proj=FusedLinear([attn.o_proj], pack),
+            qkv=linear([attn.q_proj, attn.k_proj, attn.v_proj]),
+            o_proj=linear([attn.o_proj]),
             post_norm=norms[1],
-            gate_up=FusedLinear([mlp.gate_proj, mlp.up_proj], pack),
-            down_proj=FusedLinear([mlp.down_proj], pack),
+            gate_up=linear([mlp.gate_proj, mlp.up_proj]),
+            down_proj=linear([mlp.down_proj]),
             act=mlp.act_fn,
             scale=attn.scaling,
         )
@@ -217,6 +223,9 @@ def load_layer_ops() -> ctypes.CDLL | None:
         getattr(lib, name).restype = None
     lib.pagedkv_silu_mul.argtypes = [ctypes.c_void_p]
     lib.pagedkv_rope_store.argtypes = [ctypes.c_void_p]
+    lib.pagedkv_linear.argtypes, lib.pagedkv_linear.restype = [ctypes.c_void_p], None
+    lib.pagedkv_linear_tile.argtypes = []
+    lib.pagedkv_linear_tile.restype = ctypes.c_int64
     return lib
 
 
@@ -313,13 +322,51 @@ def layer_ops(model: PreTrainedModel, kv_cache: PagedKVCache) -> LayerOps:
         return LayerOps()
     return CpuLayerOps(lib)
 
+class CpuFusedLinear(FusedLinear):
+    """`FusedLinear` on the C++ projection (``pagedkv_linear``, in the layer-ops
+    section of ``csrc/paged_attention.cpp``), for float32 on a CPU.
+
+    The layers' weights are concatenated and packed once as ``[tiles, K, T]``
+    (T output columns per tile, zero-padded at the end), the order in which
+    the C++ loop reads them. Any other input (another dtype or device, or not
+    contiguous) goes through `FusedLinear`'s path.
+    """
+
+    def __init__(self, layers: list[nn.Linear], lib: ctypes.CDLL):
+        super().__init__(layers, pack=False)
+        self.lib = lib
+        weight, self.bias = concatenated(layers)
+        self.out_features, k = weight.shape
+        tile = lib.pagedkv_linear_tile()
+        tiles = -(-self.out_features // tile)
+        padded = weight.new_zeros(tiles * tile, k)
+        padded[: self.out_features] = weight
+        self.tiles = padded.view(tiles, tile, k).transpose(1, 2).contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not CpuLayerOps._takes(x, self.tiles) or x.dim() != 2:
+            return super().__call__(x)
+        rows, k = x.shape
+        y = x.new_empty(rows, self.out_features)
+        work = rows * self.tiles.numel()
+        args = _args(
+            x.data_ptr(), self.tiles.data_ptr(),
+            0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
+            rows, k, self.out_features,
+            1 if work < SERIAL_WORK else torch.get_num_threads(),
+        )  # fmt: skip
+        self.lib.pagedkv_linear(args.buffer_info()[0])
+        return y
+
 class FusedModelRunner(ModelRunner):
     """`ModelRunner` with the decoder run by the runner itself (see the module doc).
 
     It reads the model's weights and changes nothing in the model: ``model.generate``
-    keeps working. ``pack`` (default: where `can_pack` says it works) prepacks
-    the projections for oneDNN, which keeps a second copy of them. ``ops`` runs
-    the steps between the projections (default: `layer_ops` chooses). Raises
+    keeps working. The projections, and the LM head, run on `CpuFusedLinear`
+    where ``cpu_linear`` (default: wherever `layer_ops` picks `CpuLayerOps`);
+    otherwise ``pack`` (default: where `can_pack` says it works) prepacks them
+    for oneDNN. Either keeps a second copy of the weights. ``ops`` runs the
+    steps between the projections (default: `layer_ops` chooses). Raises
     ValueError, with the reason, for a model `fused_unsupported_reason` rejects.
     """
 
@@ -331,24 +378,37 @@ class FusedModelRunner(ModelRunner):
         max_model_len: int | None = None,
         pack: bool | None = None,
         ops: LayerOps | None = None,
+        cpu_linear: bool | None = None,
     ):
         super().__init__(model, num_blocks, block_size, max_model_len)
         reason = fused_unsupported_reason(model)
         if reason:
             raise ValueError(f"FusedModelRunner cannot run this model: {reason}")
         self.pack = can_pack(model) if pack is None else pack
+        chosen = layer_ops(model, self.kv_cache)
+        if cpu_linear is None:
+            cpu_linear = isinstance(chosen, CpuLayerOps)
+        elif cpu_linear and not isinstance(chosen, CpuLayerOps):
+            raise ValueError("cpu_linear=True needs a float32 model on a CPU and "
+                             "the C++ library (the conditions of layer_ops)")
         inner = model.model
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
         self.lm_head = model.lm_head
-        self.layers = [
-            FusedLayer.from_layer(layer, self.pack) for layer in inner.layers
-        ]
+        if cpu_linear:
+            self.lm_head = CpuFusedLinear([model.lm_head], chosen.lib)
+
+        def linear(layers: list[nn.Linear]) -> FusedLinear:
+            if cpu_linear:
+                return CpuFusedLinear(layers, chosen.lib)
+            return FusedLinear(layers, self.pack)
+
+        self.layers = [FusedLayer.from_layer(layer, linear) for layer in inner.layers]
         self.next_norms = [layer.input_norm for layer in self.layers[1:]]
         self.next_norms.append(self.final_norm)
         self.heads = model.config.num_attention_heads
         self.head_dim = self.kv_cache.data.shape[-1]
-        self.ops = layer_ops(model, self.kv_cache) if ops is None else ops
+        self.ops = chosen if ops is None else ops
 
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Logits ``[num_seqs, vocab]`` of one step."""

@@ -12,6 +12,7 @@ from torch import nn
 from pagedkv_lab import fused
 from pagedkv_lab.engine import ModelRunner, PagedKVCache, SamplingParams, Sequence
 from pagedkv_lab.fused import (
+    CpuFusedLinear,
     CpuLayerOps,
     FusedLinear,
     FusedModelRunner,
@@ -51,12 +52,15 @@ def _step_logits(runner, prompts, split):
 
 
 @pytest.mark.parametrize("name", sorted(OFFLINE_MODELS))
-@pytest.mark.parametrize("pack", [False, True])
-def test_fused_logits_match_the_hook_runner(name, pack):
+@pytest.mark.parametrize(  # F.linear, oneDNN, the C++ loop where it builds
+    "pack, cpu_linear", [(False, False), (True, False), (None, None)]
+)
+def test_fused_logits_match_the_hook_runner(name, pack, cpu_linear):
     model, _ = load_model(name)
     prompts = _prompts([1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 5])
     want = _step_logits(ModelRunner(model, 64, BLOCK), prompts, split=BLOCK)
-    got = _step_logits(FusedModelRunner(model, 64, BLOCK, pack=pack), prompts, BLOCK)
+    runner = FusedModelRunner(model, 64, BLOCK, pack=pack, cpu_linear=cpu_linear)
+    got = _step_logits(runner, prompts, BLOCK)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -278,3 +282,48 @@ def test_cpp_layer_ops_hand_inputs_they_cannot_read_to_torch():
     torch.testing.assert_close(
         ops.act_mul(gate_up, F.silu), LayerOps().act_mul(gate_up, F.silu)
     )
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13])
+@pytest.mark.parametrize("k, outs", [(7, (5,)), (64, (17, 3)), (33, (40,))])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpp_linear_matches_float64(rows, k, outs, bias):
+    # tiles cut short (outputs not a multiple of the tile), blocks of rows cut
+    # short (not a multiple of 6), several layers with and without a bias
+    lib = _cpu_ops().lib
+    g = torch.Generator().manual_seed(rows * k)
+    layers = [nn.Linear(k, n, bias=bias) for n in outs]
+    for lay in layers:
+        with torch.no_grad():
+            for p in lay.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+    x = torch.randn(rows, k, generator=g)
+    got = CpuFusedLinear(layers, lib)(x)
+    want = torch.cat(
+        [F.linear(x.double(), lay.weight.double(),
+                  None if lay.bias is None else lay.bias.double()) for lay in layers],
+        -1,
+    )  # fmt: skip
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_cpp_linear_hands_inputs_it_cannot_read_to_fused_linear():
+    lib = _cpu_ops().lib
+    layer = nn.Linear(16, 24)
+    x = torch.randn(16, 5).t()  # not contiguous
+    with torch.no_grad():
+        torch.testing.assert_close(CpuFusedLinear([layer], lib)(x), layer(x))
+
+
+def test_the_fused_runner_takes_the_cpp_linear_where_it_applies():
+    _cpu_ops()
+    model, _ = load_model("tiny-llama")
+    runner = FusedModelRunner(model, 16, BLOCK)
+    assert isinstance(runner.layers[0].qkv, CpuFusedLinear)
+    assert isinstance(runner.lm_head, CpuFusedLinear)
+    oned = FusedModelRunner(model, 16, BLOCK, cpu_linear=False)
+    assert type(oned.layers[0].qkv) is FusedLinear
+    bf16, _ = load_model("tiny-llama", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="cpu_linear=True needs a float32 model"):
+        FusedModelRunner(bf16, 16, BLOCK, cpu_linear=True)

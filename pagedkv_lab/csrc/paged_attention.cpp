@@ -12,10 +12,12 @@
 // with the system's compiler and calls it through ctypes.
 //
 // The file ends with the layer ops of chapter 05's fused runner (RMSNorm,
-// SiLU-gated MLP activation, RoPE with the cache write): one library to build.
+// SiLU-gated MLP activation, RoPE with the cache write, the projections'
+// matrix products): one library to build.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -450,5 +452,62 @@ extern "C" void pagedkv_rope_store(const int64_t* p) {
     std::copy(k, k + kv, k_cache + slots[t] * kv);
     std::copy(k + kv, k + 2 * kv, v_cache + slots[t] * kv);
   });
+}
+// y = x @ W.T (+ bias) for a projection, over [rows, K] x [N, K] in fp32, with
+// W packed once (by CpuFusedLinear) as [tiles, K, T]: each tile is T = 2 SIMD
+// registers of output columns, its K rows of T weights contiguous, the last
+// tile padded with zeros. A thread takes whole tiles; for each 6 input rows it
+// keeps a 6 x T block of sums in registers (12 of them) while it reads the
+// tile's weights once, in order. At a decode step's few rows every weight is
+// read about once per step, which is what bounds the step.
+constexpr int64_t LINEAR_TILE = 2 * L;
+extern "C" int64_t pagedkv_linear_tile() { return LINEAR_TILE; }
+
+// p: x, w (packed), bias (0: none), y, rows, K, N, threads.
+extern "C" void pagedkv_linear(const int64_t* p) {
+  constexpr int64_t R = 6, T = LINEAR_TILE;  // rows per block, columns per tile
+  // no may_alias here: the sums must be free to live in registers
+  typedef float sums __attribute__((vector_size(4 * L)));
+  const float* x = reinterpret_cast<const float*>(p[0]);
+  const float* w = reinterpret_cast<const float*>(p[1]);
+  const float* bias = reinterpret_cast<const float*>(p[2]);
+  float* y = reinterpret_cast<float*>(p[3]);
+  const int64_t rows = p[4], K = p[5], N = p[6];
+  const int64_t tiles = (N + T - 1) / T;
+#pragma omp parallel for num_threads(int(p[7])) schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const float* wt = w + t * K * T;
+    const int64_t n0 = t * T, cols = std::min(T, N - n0);
+    for (int64_t r0 = 0; r0 < rows; r0 += R) {
+      const int64_t block = std::min(R, rows - r0);
+      const float* xr = x + r0 * K;
+      sums acc[R][2] = {};
+      // the k loop twice: with a constant trip count over rows (a full block)
+      // the compiler keeps all twelve sums in registers
+      auto walk = [&](auto rows_in_block) {
+        for (int64_t k = 0; k < K; ++k) {
+          sums w0, w1;
+          __builtin_memcpy(&w0, wt + k * T, sizeof w0);
+          __builtin_memcpy(&w1, wt + k * T + L, sizeof w1);
+          for (int64_t i = 0; i < rows_in_block; ++i) {
+            const float xv = xr[i * K + k];
+            acc[i][0] += xv * w0;
+            acc[i][1] += xv * w1;
+          }
+        }
+      };
+      if (block == R) {
+        walk(std::integral_constant<int64_t, R>{});
+      } else {
+        walk(block);
+      }
+      for (int64_t i = 0; i < block; ++i) {
+        float out[T];
+        __builtin_memcpy(out, acc[i], sizeof out);
+        float* yr = y + (r0 + i) * N + n0;
+        for (int64_t j = 0; j < cols; ++j) yr[j] = out[j] + (bias ? bias[n0 + j] : 0.f);
+      }
+    }
+  }
 }
 // ---- end of layer ops ----
