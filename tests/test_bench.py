@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from pagedkv_lab.bench import (
     find_vllm_python,
     kernel_benchmark,
     peers,
+    print_serve_table,
     serve_benchmark,
     static_batches,
     vllm_block_sizes,
@@ -344,3 +346,19 @@ def test_the_vllm_peer_script_is_where_the_runner_starts_it():
 
     assert VLLM_PEER_SCRIPT.is_file()
     assert "import vllm" in VLLM_PEER_SCRIPT.read_text()
+
+
+def test_serve_rows_carry_the_spread_of_per_round_ratios(capsys):
+    base = [{"tokens": [[0] * 10], "seconds": s, "ttft": [0.1], "tpot": [0.01],
+             "peak_kv_bytes": 0} for s in (1.0, 1.0, 1.0)]  # fmt: skip
+    runs = [dict(b, seconds=s) for b, s in zip(base, (0.5, 1.0, 2.0))]
+    setup = SimpleNamespace(
+        model_name="m", device="cpu", threads=2, budget_bytes=2**20,
+        spec=SimpleNamespace(dtype_bytes=4),
+    )  # fmt: skip
+    rows = [serve_module._summarise(n, r, base, setup, 16)
+            for n, r in (("ours", base), ("peer", runs))]  # fmt: skip
+    peer = rows[1]
+    assert (peer["ratio_min"], peer["ratio"], peer["ratio_max"]) == (0.5, 1.0, 2.0)
+    print_serve_table(rows, title="t")
+    assert "ratio per round, min-max: peer 0.50-2.00" in capsys.readouterr().out

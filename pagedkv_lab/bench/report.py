@@ -487,6 +487,8 @@ SERVE_COLUMNS = [
     ("system", "system", ""),
     ("tok/s", "output_tok_per_s", ".1f"),
     ("ratio", "ratio", ".2f"),
+    ("ratio min", "ratio_min", ".2f"),
+    ("ratio max", "ratio_max", ".2f"),
     ("TTFT p50 s", "ttft_p50", ".2f"),
     ("TTFT p90 s", "ttft_p90", ".2f"),
     ("TPOT p50 s", "tpot_p50", ".3f"),

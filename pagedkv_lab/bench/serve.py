@@ -96,13 +96,15 @@ def _summarise(
     setup: ServeSetup,
     block_size: int | None,
 ) -> dict:
-    """One table row from a system's repetitions: medians over rounds, ratio = median of per-round ratios."""
+    """One table row from a system's repetitions: medians over rounds; ``ratio``
+    the median of per-round ratios, ``ratio_min``/``ratio_max`` their range."""
 
     def tok_s(r):
         return sum(map(len, r["tokens"])) / r["seconds"]
 
     med = statistics.median
     n = len(runs[0]["tokens"])
+    ratios = [tok_s(r) / tok_s(b) for r, b in zip(runs, base_runs)]
     row = {
         "system": name,
         "model": setup.model_name,
@@ -112,7 +114,9 @@ def _summarise(
         "block_size": block_size,
         "seconds": med(r["seconds"] for r in runs),
         "output_tok_per_s": med(tok_s(r) for r in runs),
-        "ratio": med(tok_s(r) / tok_s(b) for r, b in zip(runs, base_runs)),
+        "ratio": med(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
         "req_per_s": med(n / r["seconds"] for r in runs),
         "ttft_p50": med(_pct(r["ttft"], 0.5) for r in runs),
         "ttft_p90": med(_pct(r["ttft"], 0.9) for r in runs),
@@ -317,6 +321,11 @@ def print_serve_table(rows: list[dict], title: str | None = None) -> None:
             f"{cell(r['ttft_p90'], 7, 2)} {cell(r['tpot_p50'], 7, 3)} "
             f"{cell(r['tpot_p90'], 7, 3)} {r['peak_kv_MiB']:11.1f}"
         )
+    if r0["repeats"] > 1 and "ratio_min" in r0:
+        spread = "; ".join(
+            f"{r['system']} {r['ratio_min']:.2f}-{r['ratio_max']:.2f}" for r in rows[1:]
+        )
+        print(textwrap.fill(f"ratio per round, min-max: {spread}", 88))
     print(textwrap.fill(PEAK_KV + ".", 88, break_on_hyphens=False))
     for r in rows:
         if "batch_sizes" in r:
