@@ -453,6 +453,7 @@ extern "C" void pagedkv_rope_store(const int64_t* p) {
     std::copy(k + kv, k + 2 * kv, v_cache + slots[t] * kv);
   });
 }
+
 // y = x @ W.T (+ bias) for a projection, over [rows, K] x [N, K] in fp32, with
 // W packed once (by CpuFusedLinear) as [tiles, K, T]: each tile is T = 2 SIMD
 // registers of output columns, its K rows of T weights contiguous, the last
