@@ -344,7 +344,7 @@ class CpuFusedLinear(FusedLinear):
         self.tiles = padded.view(tiles, tile, k).transpose(1, 2).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not CpuLayerOps._takes(x, self.tiles) or x.dim() != 2:
+        if x.dim() != 2 or not CpuLayerOps._takes(x):  # the tiles always are
             return super().__call__(x)
         rows, k = x.shape
         y = x.new_empty(rows, self.out_features)
@@ -394,15 +394,12 @@ class FusedModelRunner(ModelRunner):
         inner = model.model
         self.embed, self.rotary = inner.embed_tokens, inner.rotary_emb
         self.final_norm = (inner.norm.weight, inner.norm.variance_epsilon)
-        self.lm_head = model.lm_head
         if cpu_linear:
-            self.lm_head = CpuFusedLinear([model.lm_head], chosen.lib)
-
-        def linear(layers: list[nn.Linear]) -> FusedLinear:
-            if cpu_linear:
-                return CpuFusedLinear(layers, chosen.lib)
-            return FusedLinear(layers, self.pack)
-
+            linear = functools.partial(CpuFusedLinear, lib=chosen.lib)
+            self.lm_head = linear([model.lm_head])
+        else:
+            linear = functools.partial(FusedLinear, pack=self.pack)
+            self.lm_head = model.lm_head
         self.layers = [FusedLayer.from_layer(layer, linear) for layer in inner.layers]
         self.next_norms = [layer.input_norm for layer in self.layers[1:]]
         self.next_norms.append(self.final_norm)
