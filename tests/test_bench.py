@@ -1,5 +1,6 @@
 """The benchmarks run end to end on a CPU and compare like with like (no timing assertions)."""
 
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from pagedkv_lab.bench import (
 )
 from pagedkv_lab.bench import serve as serve_module
 from pagedkv_lab.bench.cli import main
+from pagedkv_lab.bench.common import cpu_model
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.models import offline_config
 from pagedkv_lab.workloads import Request
@@ -222,6 +224,24 @@ def test_serve_cli_names_model_and_device_and_defines_peak_kv(capsys, tmp_path):
     assert max(map(len, table.splitlines())) <= 88
     assert "(of 3): {'pagedkv': 3, 'hf-generate': 3}" in out
     assert figure.stat().st_size > 0
+    # the CPU is named (ratios differ between CPU models); start-up kept apart
+    assert f"cpu model: {cpu_model()}" in out
+    assert re.search(r"startup s .*: pagedkv [0-9.]+; hf-generate [0-9.]+", out)
+
+
+def test_cpu_model_names_the_widest_vector_extension():
+    name, _, isa = cpu_model().rpartition(", ")
+    assert name and isa in (
+        "AVX-512", "AVX2 (no AVX-512)", "no AVX2", "vector extensions unknown"
+    )  # fmt: skip
+
+
+def test_serve_cli_heavy_workload_is_w1_at_a_longer_max_len(capsys):
+    main(["serve", "--model", "tiny-llama", "--workload", "heavy", "--num-requests",
+          "2", "--repeats", "1", "--systems", "pagedkv", "--max-model-len", "128"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "workload heavy" in out and "max_model_len 128" in out
+    assert "(of 2): {'pagedkv': 2}" in out
 
 
 def test_importing_the_bench_does_not_import_vllm():

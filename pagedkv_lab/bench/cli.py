@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 import torch
 
-from .common import ALL_SYSTEMS, SYSTEMS, scaled_chat_trace
+from .common import ALL_SYSTEMS, SYSTEMS, cpu_model, scaled_chat_trace
 from .kernel import kernel_benchmark, print_kernel_table
 from .peers import find_vllm_python
 from .serve import plot_serve, print_serve_table, serve_benchmark, serve_title
@@ -23,12 +24,20 @@ def _add_serve_parser(sub) -> None:
     )
     sp.add_argument(
         "--workload",
-        choices=["w1", "w2", "fixed"],
+        choices=["w1", "w2", "heavy", "fixed"],
         default="w1",
-        help="w1 chat-like, w2 uniform 100-1024 (scaled), fixed: equal lengths at equal batch size",
+        help="w1 chat-like, w2 uniform 100-1024 (scaled), heavy: w1's heavy-tailed "
+        "lengths at max_model_len 2048 (prompts and outputs of a few hundred "
+        "tokens), fixed: equal lengths at equal batch size",
     )
-    sp.add_argument("--num-requests", type=int, default=None)
-    sp.add_argument("--max-model-len", type=int, default=512)
+    sp.add_argument(
+        "--num-requests", type=int, default=None,
+        help="default: 48 on a CPU, 512 on a GPU",
+    )  # fmt: skip
+    sp.add_argument(
+        "--max-model-len", type=int, default=None,
+        help="default: 512 (2048 for the heavy workload)",
+    )  # fmt: skip
     sp.add_argument(
         "--budget-requests",
         type=int,
@@ -85,9 +94,9 @@ def _serve_main(args, device: torch.device) -> None:
     from ..workloads import Request, uniform_workload
 
     n = args.num_requests or by_device(48, 512, device)
-    length = args.max_model_len
+    length = args.max_model_len or (2048 if args.workload == "heavy" else 512)
     max_num_seqs = 256
-    if args.workload == "w1":
+    if args.workload in ("w1", "heavy"):
         requests = scaled_chat_trace(n, length)
     elif args.workload == "w2":  # nano-vllm's 100-1024 range, scaled to max_model_len
         lo, hi = max(1, 100 * length // 2048), max(2, 1024 * length // 2048)
@@ -130,6 +139,9 @@ def _serve_main(args, device: torch.device) -> None:
     )
     title = serve_title(rows) + f", workload {args.workload} ({len(requests)} requests)"
     print_serve_table(rows, title)
+    startup = "; ".join(f"{r['system']} {r['startup_s']:.1f}" for r in rows)
+    print(textwrap.fill(f"startup s (load, pack or compile, warm-up; not in "
+                        f"tok/s): {startup}", 88))  # fmt: skip
     first = outputs[rows[0]["system"]]
     same = {k: sum(a == b for a, b in zip(v, first)) for k, v in outputs.items()}
     print(
@@ -189,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
 
     device = pick_device(args.device)
     print(" | ".join(f"{k} {v}" for k, v in device_report(device).items()))
+    print(f"cpu model: {cpu_model()}")
     if args.command == "kernel":
         if args.threads:
             torch.set_num_threads(args.threads)

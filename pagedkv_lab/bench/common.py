@@ -21,6 +21,31 @@ PEAK_KV = (
 )
 
 
+def cpu_model() -> str:
+    """The CPU's model name and widest vector extension, e.g. ``"AMD EPYC, AVX2
+    (no AVX-512)"``: CPU ratios differ between CPU models, so reports name it."""
+    import platform
+    from pathlib import Path
+
+    name, flags = platform.processor() or "unknown CPU", set()
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        for line in info.read_text().splitlines():
+            key, _, value = line.partition(":")
+            generic = name in ("unknown CPU", platform.machine())
+            if key.strip() == "model name" and generic:
+                name = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    if "avx512f" in flags:
+        isa = "AVX-512"
+    elif "avx2" in flags:
+        isa = "AVX2 (no AVX-512)"
+    else:
+        isa = "no AVX2" if flags else "vector extensions unknown"
+    return f"{name}, {isa}"
+
+
 def scaled_chat_trace(num_requests: int, max_model_len: int, seed: int = 0) -> list:
     """W1 with lengths scaled to ``max_model_len`` (means 161 and 338 at 2048, proportionally less below)."""
     from ..workloads import SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT, chat_workload

@@ -37,7 +37,7 @@ import torch
 
 from ..device import by_device, device_report
 from ..engine import SamplingParams
-from .common import SYSTEMS, _prompt_ids, scaled_chat_trace
+from .common import SYSTEMS, _prompt_ids, cpu_model, scaled_chat_trace
 from .kernel import kernel_benchmark
 from .peers import find_vllm_python
 from .serve import serve_benchmark
@@ -495,6 +495,7 @@ SERVE_COLUMNS = [
     ("TPOT p90 s", "tpot_p90", ".3f"),
     ("peak KV MiB", "peak_kv_MiB", ".1f"),
     ("same tokens", "same_tokens_as_first", "d"),
+    ("startup s", "startup_s", ".1f"),
 ]
 
 
@@ -641,7 +642,7 @@ def run_all(
             f"unknown section(s) {sorted(unknown)}; choose from {SECTIONS}"
         )
     results: dict = {
-        "environment": device_report(device),
+        "environment": {**device_report(device), "cpu model": cpu_model()},
         "command": command,
         "threads": torch.get_num_threads(),
     }

@@ -177,6 +177,11 @@ def serve_benchmark(
     lengths). ``prefix_caching`` turns prefix caching on in every system that has
     it (this engine, transformers' block sharing, vLLM); ``hf-generate`` has none.
 
+    ``startup_s`` in each row is the time to start the system and serve the
+    warm-up, kept apart from the timed rounds: loading, packing weights and,
+    for vLLM's compiled rows, ``torch.compile`` (vLLM's CPU backend also
+    compiles some graphs in the warm-up's first steps).
+
     The systems run ``repeats`` rounds, alternating their order (ABC, CBA, ABC...);
     a row holds medians over rounds, and ``ratio`` is the median over rounds of its
     throughput over the first system's in the same round. The ``peak_kv_MiB``
@@ -217,9 +222,11 @@ def serve_benchmark(
         prefix_caching=prefix_caching,
     )
     runners: list = []
+    startup: list[float] = []  # per runner: seconds to start (load, pack, compile)
     tmp = tempfile.TemporaryDirectory(prefix="pagedkv-serve-")
     try:
         for system in systems:
+            started = time.perf_counter()
             if system in ("pagedkv", "contiguous"):
                 runners.append(_OursRunner(setup, system == "contiguous"))
             elif system == "hf-generate":
@@ -258,8 +265,15 @@ def serve_benchmark(
                                 eager=mode == "eager",
                             )
                         )
-        for runner in runners:  # the same warm-up for every system
+                        startup.append(time.perf_counter() - started)
+                        started = time.perf_counter()
+            if len(startup) < len(runners):
+                startup.append(time.perf_counter() - started)
+        for i, runner in enumerate(runners):  # the same warm-up for every system
+            started = time.perf_counter()
             runner.run(warm_prompts, warm_tokens)
+            # vLLM compiles on its first step: the warm-up belongs to the start
+            startup[i] += time.perf_counter() - started
         results: dict[str, list[dict]] = {r.name: [] for r in runners}
         for round_ in range(repeats):
             for runner in runners if round_ % 2 == 0 else runners[::-1]:
@@ -274,7 +288,8 @@ def serve_benchmark(
     rows = [
         _summarise(r.name, results[r.name], base, setup, r.block_size) for r in runners
     ]
-    for runner, row in zip(runners, rows):
+    for runner, row, seconds in zip(runners, rows, startup):
+        row["startup_s"] = seconds
         if isinstance(runner, _VLLMRunner):
             row["versions"] = {
                 k: runner.info[k] for k in ("vllm", "torch", "transformers")
