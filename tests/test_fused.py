@@ -284,12 +284,17 @@ def test_cpp_layer_ops_hand_inputs_they_cannot_read_to_torch():
     )
 
 
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13])
-@pytest.mark.parametrize("k, outs", [(7, (5,)), (64, (17, 3)), (33, (40,))])
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 8, 13])
+@pytest.mark.parametrize(
+    "k, outs", [(7, (5,)), (64, (17, 3)), (33, (40,)), (301, (700,))]
+)
 @pytest.mark.parametrize("bias", [False, True])
 def test_cpp_linear_matches_float64(rows, k, outs, bias):
-    # tiles cut short (outputs not a multiple of the tile), blocks of rows cut
-    # short (not a multiple of 6), several layers with and without a bias
+    # tiles cut short (outputs not a multiple of the tile), rows cut into
+    # blocks of every size from 1 to 6 (7 = 3 + 4, 8 = 4 + 4, 13 = 4 + 4 + 5),
+    # k not a multiple of the unrolling, several layers with and without a
+    # bias; the last shape is work enough for every thread, each prefetching
+    # the next tile of its range
     lib = _cpu_ops().lib
     g = torch.Generator().manual_seed(rows * k)
     layers = [nn.Linear(k, n, bias=bias) for n in outs]

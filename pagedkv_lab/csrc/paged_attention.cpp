@@ -19,6 +19,9 @@
 #include <cstdint>
 #include <type_traits>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -457,56 +460,98 @@ extern "C" void pagedkv_rope_store(const int64_t* p) {
 // y = x @ W.T (+ bias) for a projection, over [rows, K] x [N, K] in fp32, with
 // W packed once (by CpuFusedLinear) as [tiles, K, T]: each tile is T = 2 SIMD
 // registers of output columns, its K rows of T weights contiguous, the last
-// tile padded with zeros. A thread takes whole tiles; for each 6 input rows it
-// keeps a 6 x T block of sums in registers (12 of them) while it reads the
-// tile's weights once, in order. At a decode step's few rows every weight is
-// read about once per step, which is what bounds the step.
+// tile padded with zeros. Each thread takes a contiguous range of tiles. The
+// rows are cut into blocks of at most 6, as even as can be; for each block a
+// 6 x T (at most) block of sums stays in registers while the tile's weights
+// are read once, in order. At a decode step's few rows every weight is read
+// about once per step, which is what bounds the step.
 constexpr int64_t LINEAR_TILE = 2 * L;
 extern "C" int64_t pagedkv_linear_tile() { return LINEAR_TILE; }
 
+namespace {
+// no may_alias here: the sums must be free to live in registers
+typedef float sums __attribute__((vector_size(4 * L)));
+constexpr int64_t ROWS = 6, T = LINEAR_TILE;
+
+// y[R rows, one tile] = x[R rows] . w[the tile], then + bias. U sets of sums,
+// for interleaved k, keep at least 8 FMAs in flight when R is small (an FMA's
+// latency is 4-5 cycles, and two issue per cycle). Meanwhile it prefetches
+// `pf_lines` cache lines from `pf` (its share of the next tile), spread over
+// the k loop, so that memory streams while the FMAs run.
+template <int R, int U>
+inline void linear_block(const float* x, int64_t K, const float* w,
+                         const float* bias, float* y, int64_t N, int64_t n0,
+                         const char* pf, int64_t pf_lines) {
+  sums acc[U][R][2] = {};
+  auto fma_k = [&](int u, int64_t k) {
+    sums w0, w1;
+    __builtin_memcpy(&w0, w + k * T, sizeof w0);
+    __builtin_memcpy(&w1, w + k * T + L, sizeof w1);
+    for (int i = 0; i < R; ++i) {
+      const float xv = x[i * K + k];
+      acc[u][i][0] += xv * w0;
+      acc[u][i][1] += xv * w1;
+    }
+  };
+  const int64_t per_step = (pf_lines + K - 1) / K * U, unrolled = K / U * U;
+  for (int64_t k = 0; k < unrolled; k += U) {
+    const int64_t first = k / U * per_step;
+    for (int64_t j = first; j < std::min(pf_lines, first + per_step); ++j)
+      __builtin_prefetch(pf + 64 * j);
+    for (int u = 0; u < U; ++u) fma_k(u, k + u);
+  }
+  for (int64_t k = unrolled; k < K; ++k) fma_k(0, k);
+  for (int u = 1; u < U; ++u)
+    for (int i = 0; i < R; ++i) {
+      acc[0][i][0] += acc[u][i][0];
+      acc[0][i][1] += acc[u][i][1];
+    }
+  const int64_t cols = std::min(T, N - n0);
+  for (int i = 0; i < R; ++i) {
+    float out[T];
+    __builtin_memcpy(out, acc[0][i], sizeof out);
+    float* yr = y + i * N + n0;
+    for (int64_t j = 0; j < cols; ++j) yr[j] = out[j] + (bias ? bias[n0 + j] : 0.f);
+  }
+}
+}  // namespace
+
 // p: x, w (packed), bias (0: none), y, rows, K, N, threads.
 extern "C" void pagedkv_linear(const int64_t* p) {
-  constexpr int64_t R = 6, T = LINEAR_TILE;  // rows per block, columns per tile
-  // no may_alias here: the sums must be free to live in registers
-  typedef float sums __attribute__((vector_size(4 * L)));
   const float* x = reinterpret_cast<const float*>(p[0]);
   const float* w = reinterpret_cast<const float*>(p[1]);
   const float* bias = reinterpret_cast<const float*>(p[2]);
   float* y = reinterpret_cast<float*>(p[3]);
   const int64_t rows = p[4], K = p[5], N = p[6];
-  const int64_t tiles = (N + T - 1) / T;
-#pragma omp parallel for num_threads(int(p[7])) schedule(static)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const float* wt = w + t * K * T;
-    const int64_t n0 = t * T, cols = std::min(T, N - n0);
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-      const int64_t block = std::min(R, rows - r0);
-      const float* xr = x + r0 * K;
-      sums acc[R][2] = {};
-      // the k loop twice: with a constant trip count over rows (a full block)
-      // the compiler keeps all twelve sums in registers
-      auto walk = [&](auto rows_in_block) {
-        for (int64_t k = 0; k < K; ++k) {
-          sums w0, w1;
-          __builtin_memcpy(&w0, wt + k * T, sizeof w0);
-          __builtin_memcpy(&w1, wt + k * T + L, sizeof w1);
-          for (int64_t i = 0; i < rows_in_block; ++i) {
-            const float xv = xr[i * K + k];
-            acc[i][0] += xv * w0;
-            acc[i][1] += xv * w1;
-          }
+  const int64_t tiles = (N + T - 1) / T, blocks = (rows + ROWS - 1) / ROWS;
+#pragma omp parallel num_threads(int(p[7]))
+  {
+#ifdef _OPENMP
+    const int64_t id = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+    const int64_t id = 0, nt = 1;
+#endif
+    const int64_t first = tiles * id / nt, last = tiles * (id + 1) / nt;
+    for (int64_t t = first; t < last; ++t) {
+      const float* wt = w + t * K * T;
+      // a single row streams the weights in order, which the hardware
+      // prefetcher follows; there, prefetching too measured slower
+      const int64_t lines = rows > 1 && t + 1 < last ? K * T * 4 / 64 : 0;
+      const char* next = reinterpret_cast<const char*>(wt + K * T);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t r0 = rows * b / blocks, r1 = rows * (b + 1) / blocks;
+        const int64_t l0 = lines * b / blocks, n = lines * (b + 1) / blocks - l0;
+        const float* xb = x + r0 * K;
+        float* yb = y + r0 * N;
+        const char* pf = next + 64 * l0;
+        switch (r1 - r0) {
+          case 1: linear_block<1, 4>(xb, K, wt, bias, yb, N, t * T, pf, n); break;
+          case 2: linear_block<2, 2>(xb, K, wt, bias, yb, N, t * T, pf, n); break;
+          case 3: linear_block<3, 2>(xb, K, wt, bias, yb, N, t * T, pf, n); break;
+          case 4: linear_block<4, 1>(xb, K, wt, bias, yb, N, t * T, pf, n); break;
+          case 5: linear_block<5, 1>(xb, K, wt, bias, yb, N, t * T, pf, n); break;
+          default: linear_block<6, 1>(xb, K, wt, bias, yb, N, t * T, pf, n); break;
         }
-      };
-      if (block == R) {
-        walk(std::integral_constant<int64_t, R>{});
-      } else {
-        walk(block);
-      }
-      for (int64_t i = 0; i < block; ++i) {
-        float out[T];
-        __builtin_memcpy(out, acc[i], sizeof out);
-        float* yr = y + (r0 + i) * N + n0;
-        for (int64_t j = 0; j < cols; ++j) yr[j] = out[j] + (bias ? bias[n0 + j] : 0.f);
       }
     }
   }
