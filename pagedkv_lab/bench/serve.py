@@ -223,16 +223,21 @@ def serve_benchmark(
     )
     runners: list = []
     startup: list[float] = []  # per runner: seconds to start (load, pack, compile)
+
+    def start(runner_class, *args, **kwargs) -> None:
+        started = time.perf_counter()
+        runners.append(runner_class(*args, **kwargs))
+        startup.append(time.perf_counter() - started)
+
     tmp = tempfile.TemporaryDirectory(prefix="pagedkv-serve-")
     try:
         for system in systems:
-            started = time.perf_counter()
             if system in ("pagedkv", "contiguous"):
-                runners.append(_OursRunner(setup, system == "contiguous"))
+                start(_OursRunner, setup, system == "contiguous")
             elif system == "hf-generate":
-                runners.append(_HFStaticRunner(setup))
+                start(_HFStaticRunner, setup)
             elif system == "hf-continuous":
-                runners.append(_HFContinuousRunner(setup))
+                start(_HFContinuousRunner, setup)
             else:  # vllm
                 python = find_vllm_python(vllm_python)
                 if python is None:
@@ -255,20 +260,15 @@ def serve_benchmark(
                             raise ValueError(
                                 f"vLLM mode {mode!r}: 'eager' or 'compile'"
                             )
-                        runners.append(
-                            _VLLMRunner(
-                                setup,
-                                python,
-                                size,
-                                model_dir,
-                                tmp.name,
-                                eager=mode == "eager",
-                            )
+                        start(
+                            _VLLMRunner,
+                            setup,
+                            python,
+                            size,
+                            model_dir,
+                            tmp.name,
+                            eager=mode == "eager",
                         )
-                        startup.append(time.perf_counter() - started)
-                        started = time.perf_counter()
-            if len(startup) < len(runners):
-                startup.append(time.perf_counter() - started)
         for i, runner in enumerate(runners):  # the same warm-up for every system
             started = time.perf_counter()
             runner.run(warm_prompts, warm_tokens)
