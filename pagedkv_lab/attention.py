@@ -924,16 +924,13 @@ SERIAL_WORK = 1 << 16
 does the work: waking a second costs more, and on a busy machine much more."""
 
 
-def cpu_decode_partitions(
-    num_seqs: int, num_kv_heads: int, max_tokens: int, threads: int
-) -> int:
-    """Split-KV on a CPU: cut each sequence's keys into partitions (of at least
-    256 tokens) only when there are fewer (sequence, KV head) items than twice
-    the threads."""
-    items = num_seqs * num_kv_heads
-    if items >= 2 * threads:
+def cpu_decode_partitions(num_seqs: int, max_tokens: int, threads: int) -> int:
+    """Split-KV on a CPU. A decode work item is one sequence with all its heads,
+    so each sequence's keys are cut into partitions (of at least 256 tokens)
+    only when there are fewer sequences than twice the threads."""
+    if num_seqs >= 2 * threads:
         return 1
-    return max(1, min(-(-2 * threads // max(items, 1)), max_tokens // 256))
+    return max(1, min(-(-2 * threads // max(num_seqs, 1)), max_tokens // 256))
 
 
 def paged_attention_cpu(
@@ -979,7 +976,7 @@ def paged_attention_cpu(
     work = rows * part_len * kv_heads * head_dim  # an upper bound, without a sync
     threads = 1 if work < SERIAL_WORK else torch.get_num_threads()
     if query_start_loc is None:
-        parts = cpu_decode_partitions(seqs, kv_heads, part_len, threads)
+        parts = cpu_decode_partitions(seqs, part_len, threads)
         part_len = -(-part_len // parts)
     out = torch.empty(q.shape, dtype=torch.float32)
     params = array.array(

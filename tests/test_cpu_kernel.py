@@ -189,3 +189,14 @@ def test_kernel_benchmark_times_what_the_engine_runs(kernel, capsys):
     print_kernel_table(rows)
     out = capsys.readouterr().out
     assert "C++ kernel" in out and max(len(line) for line in out.splitlines()) <= 88
+
+
+@given(st.integers(1, 64), st.integers(0, 8192), st.integers(1, 16))
+def test_decode_partitions_only_when_sequences_are_few(seqs, max_tokens, threads):
+    parts = attention.cpu_decode_partitions(seqs, max_tokens, threads)
+    assert parts >= 1
+    if seqs >= 2 * threads or max_tokens < 512:
+        assert parts == 1  # enough items already, or too short to split
+    else:  # each partition keeps at least 256 tokens
+        assert max_tokens // parts >= 256
+        assert seqs * parts >= min(2 * threads, seqs * (max_tokens // 256))

@@ -1,11 +1,11 @@
 // Paged attention on a CPU: the algorithm of chapter 04's Triton kernel, in C++.
 //
-// A work item takes one sequence, one KV head and the query rows that share it
-// (decode: the GQA group of the sequence's query; prefill: the group times a
-// chunk of queries). It walks the sequence's keys through its block table, a
-// tile of 16 tokens at a time, reading each K/V row where its block lies, and
-// keeps per row a running max m, normaliser l and unnormalised output acc
-// (online softmax). Math is fp32 whatever the cache stores. A `reg` is one
+// A work item takes one sequence and query rows of it (decode: all the heads of
+// its query, so each token's K and V rows are read whole; prefill: the GQA group
+// of one KV head times a chunk of queries). It walks the sequence's keys through
+// its block table, a tile of 16 tokens at a time, reading each K/V row where its
+// block lies, and keeps per row a running max m, normaliser l and unnormalised
+// output acc (online softmax). Math is fp32 whatever the cache stores. A `reg` is one
 // SIMD register of floats (16 with AVX-512, 8 with AVX2, 4 with SSE or NEON),
 // written with GCC/Clang vector extensions; a `vec` holds a tile's 16 scores.
 // OpenMP runs the work items in parallel. pagedkv_lab/attention.py builds it
@@ -98,13 +98,15 @@ inline vec exp_neg(vec x) {
 
 // The scores of one tile: lane i holds q . k_i for the tile's token i < lim.
 // On AVX-512, 16 partial-sum vectors are transposed and added in a tree (15
-// pairs of shuffles); elsewhere each dot product is summed on its own.
-template <typename T>
+// pairs of shuffles); elsewhere each dot product is summed on its own. `step`
+// runs once per token (the walk's prefetches ride on it).
+template <typename T, typename Step>
 inline vec tile_scores(const reg* qv, int nr, const T* k, const int64_t* rows,
-                       int lim) {
+                       int lim, Step step) {
 #ifdef __AVX512F__
   __m512 a[W];
   for (int i = 0; i < W; ++i) {
+    step();
     reg t{};
     if (i < lim)
       for (int c = 0; c < nr; ++c) t += qv[c] * load(k + rows[i] + c * L);
@@ -128,6 +130,7 @@ inline vec tile_scores(const reg* qv, int nr, const T* k, const int64_t* rows,
 #else
   float s[W] = {};  // a plain array: writing lanes of a vec one by one is slow
   for (int i = 0; i < lim; ++i) {
+    step();
     reg t{};
     for (int c = 0; c < nr; ++c) t += qv[c] * load(k + rows[i] + c * L);
     s[i] = hsum(t);
@@ -151,42 +154,74 @@ struct Args {
 };
 
 // ---- walk: one work item (shown in chapter 04) ----
+// The next tile's K and V lines, prefetched a few per token of work on this
+// tile. Issued all at once they would fill the core's few miss buffers and stall
+// it until memory answered, so that reading and computing took turns; a few at
+// a time, memory works while the core computes.
+template <typename T>
+struct Prefetcher {
+  const T *k, *v;        // the item's K and V
+  int64_t bytes;         // read per token from each
+  const int64_t* slots;  // where the next tile's rows start
+  int tokens = 0, per_step = 0, i = 0;
+  int64_t b = 0;  // the next line, in bytes from the row's start
+  void start(const int64_t* next_slots, int next_tokens, int steps) {
+    slots = next_slots, tokens = next_tokens, i = 0, b = 0;
+    const int64_t lines = tokens * ((bytes + 63) / 64);
+    per_step = steps ? int((lines + steps - 1) / steps) : 0;
+  }
+  void step() {  // the next per_step lines of K and of V
+    for (int j = 0; j < per_step && i < tokens; ++j) {
+      __builtin_prefetch(reinterpret_cast<const char*>(k + slots[i]) + b);
+      __builtin_prefetch(reinterpret_cast<const char*>(v + slots[i]) + b);
+      if ((b += 64) >= bytes) b = 0, ++i;
+    }
+  }
+};
+
 // Online softmax of `rows` query rows (q: pre-scaled, head_dim apart) over the
-// keys [begin, end) of sequence `seq`, KV head `kvh`; row r sees keys below
-// visible[r]. NV = head_dim / 16 when known at compile time, else 0.
+// keys [begin, end) of sequence `seq`. The item reads `span` KV heads from
+// `kvh0` on (decode: all of them, so that each token's K and V rows are read
+// whole; prefill: one); row r uses KV head kvh0 + (r / group) % span and sees
+// keys below visible[r]. NV = head_dim / 16 when known at compile time, else 0.
 template <typename T, int NV>
-void walk(const Args& a, int64_t seq, int64_t kvh, const float* q, int rows,
-          const int64_t* visible, int64_t begin, int64_t end, float* acc,
+void walk(const Args& a, int64_t seq, int64_t kvh0, int64_t span, const float* q,
+          int rows, const int64_t* visible, int64_t begin, int64_t end, float* acc,
           float* m, float* l) {
   // registers per head_dim: a constant when NV is, so qv and ov stay in registers
   const int nr = NV ? NV * W / L : int(a.head_dim / L), D = nr * L;
   const int64_t bs = a.block_size, row = a.kv_heads * D;  // elements per slot
-  const T* k = static_cast<const T*>(a.k_cache) + kvh * D;
-  const T* v = static_cast<const T*>(a.v_cache) + kvh * D;
+  const int64_t group = a.heads / a.kv_heads;
+  const T* k = static_cast<const T*>(a.k_cache) + kvh0 * D;
+  const T* v = static_cast<const T*>(a.v_cache) + kvh0 * D;
   const int32_t* table = a.tables + seq * a.table_width;
   int64_t slot[2][W];  // where this tile's and the next tile's rows start
   auto find_rows = [&](int64_t t0, int64_t* out) {
-    for (int i = 0; i < W && t0 + i < end; ++i)
-      out[i] = (table[(t0 + i) / bs] * bs + (t0 + i) % bs) * row;
+    int64_t b = t0 / bs, o = t0 % bs;  // one division per tile, not per token
+    for (int i = 0; i < W && t0 + i < end; ++i) {
+      out[i] = (table[b] * bs + o) * row;
+      if (++o == bs) o = 0, ++b;
+    }
   };
+  Prefetcher<T> next{k, v, span * D * int64_t(sizeof(T))};
   find_rows(begin, slot[0]);
   for (int64_t t0 = begin, cur = 0; t0 < end; t0 += W, cur ^= 1) {
     const int n = int(std::min<int64_t>(W, end - t0));
     const int64_t* s0 = slot[cur];
-    if (t0 + W < end) {  // the next tile's blocks may lie anywhere: fetch early
-      find_rows(t0 + W, slot[cur ^ 1]);
-      for (int i = 0; i < W && t0 + W + i < end; ++i)
-        for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) {
-          __builtin_prefetch((const char*)(k + slot[cur ^ 1][i]) + b);
-          __builtin_prefetch((const char*)(v + slot[cur ^ 1][i]) + b);
-        }
-    }
+    int steps = 0;  // tokens of work on this tile: each row's, scores and values
+    for (int r = 0; r < rows; ++r)
+      steps += 2 * int(std::clamp<int64_t>(visible[r] - t0, 0, n));
+    const int ahead = int(std::min<int64_t>(W, std::max<int64_t>(0, end - t0 - W)));
+    if (ahead) find_rows(t0 + W, slot[cur ^ 1]);  // its blocks may lie anywhere
+    next.start(slot[cur ^ 1], ahead, steps);
+    auto step = [&] { next.step(); };
     for (int r = 0; r < rows; ++r) {
       const int lim = int(std::min<int64_t>(n, visible[r] - t0));
       if (lim <= 0) continue;  // causal: row r sees nothing of this tile
+      const int64_t head = r / group % span * D;  // this row's KV head, in the row
       reg qv[NV ? NV * W / L : 256 / L], ov[NV ? NV * W / L : 256 / L];
       for (int c = 0; c < nr; ++c) qv[c] = load(q + r * D + c * L);
-      vec s = tile_scores(qv, nr, k, s0, lim);  // q . k_i
+      vec s = tile_scores(qv, nr, k + head, s0, lim, step);  // q . k_i
       s = LANE < lim ? s : splat(-INFINITY);
       const float m_new = std::max(m[r], vmax(s));
       float* o = acc + r * D;
@@ -200,8 +235,11 @@ void walk(const Args& a, int64_t seq, int64_t kvh, const float* q, int rows,
       float p[W];  // a plain array: the loop below reads one lane at a time
       *reinterpret_cast<vec*>(p) = LANE < lim ? exp_neg(s - m_new) : vec{};
       l[r] += vsum(*reinterpret_cast<const vec*>(p));
-      for (int i = 0; i < lim; ++i)  // acc += p_i v_i
-        for (int c = 0; c < nr; ++c) ov[c] += p[i] * load(v + s0[i] + c * L);
+      const T* vh = v + head;
+      for (int i = 0; i < lim; ++i) {  // acc += p_i v_i
+        step();
+        for (int c = 0; c < nr; ++c) ov[c] += p[i] * load(vh + s0[i] + c * L);
+      }
       for (int c = 0; c < nr; ++c) *reinterpret_cast<reg*>(o + c * L) = ov[c];
     }
   }
@@ -212,9 +250,12 @@ template <typename T>
 void run(const Args& a, int64_t parts, int64_t part_len, int threads) {
   const int64_t D = a.head_dim, group = a.heads / a.kv_heads;
   const bool decode = a.query_start_loc == nullptr;
-  // Work items: decode, (seq, partition, kv head); prefill, (seq, chunk of
-  // queries, kv head). An item's rows: `chunk` queries x `group` heads.
+  // Work items: decode, (seq, partition), every KV head; prefill, (seq, chunk
+  // of queries, KV head). An item's rows: `chunk` queries x `span` KV heads x
+  // `group` query heads.
   const int64_t chunk = decode ? 1 : std::max<int64_t>(1, 32 / group);
+  const int64_t span = decode ? a.kv_heads : 1, per_query = span * group;
+  const int64_t kv_items = a.kv_heads / span;  // items per (seq, sub)
   std::vector<int64_t> first(a.seqs + 1, 0);  // each sequence's first item
   for (int64_t s = 0; s < a.seqs; ++s) {
     int64_t n = parts;
@@ -222,13 +263,13 @@ void run(const Args& a, int64_t parts, int64_t part_len, int threads) {
       const int64_t ql = a.query_start_loc[s + 1] - a.query_start_loc[s];
       n = (ql + chunk - 1) / chunk;
     }
-    first[s + 1] = first[s] + n * a.kv_heads;
+    first[s + 1] = first[s] + n * kv_items;
   }
   const int64_t items = first[a.seqs];
   std::vector<float> part_acc, part_ml;  // split-KV: partial results to merge
-  if (parts > 1) {
-    part_acc.resize(items * group * D);
-    part_ml.resize(items * group * 2);
+  if (parts > 1) {  // decode only: an item's rows are the sequence's heads
+    part_acc.resize(items * a.heads * D);
+    part_ml.resize(items * a.heads * 2);
   }
   auto walk_fn = walk<T, 0>;
   if (D == 64) walk_fn = walk<T, 4>;
@@ -242,8 +283,8 @@ void run(const Args& a, int64_t parts, int64_t part_len, int threads) {
     for (int64_t it = 0; it < items; ++it) {
       const int64_t seq =
           std::upper_bound(first.begin(), first.end(), it) - first.begin() - 1;
-      const int64_t kvh = (it - first[seq]) % a.kv_heads;
-      const int64_t sub = (it - first[seq]) / a.kv_heads;
+      const int64_t kvh = (it - first[seq]) % kv_items * span;
+      const int64_t sub = (it - first[seq]) / kv_items;
       const int64_t ctx = a.context_lens[seq];
       int64_t q0 = seq, nq = 1, begin = 0, end = ctx;
       if (decode) {  // sub is the partition
@@ -256,30 +297,30 @@ void run(const Args& a, int64_t parts, int64_t part_len, int threads) {
         nq = std::min(chunk, ql - sub * chunk);
         end = ctx - ql + sub * chunk + nq;
       }
-      const int rows = int(nq * group);
+      const int rows = int(nq * per_query);
       scratch.assign(rows * (2 * D + 2), 0.0f);
       float* q = scratch.data();
       float *acc = q + rows * D, *m = acc + rows * D, *l = m + rows;
       visible.resize(rows);
       for (int64_t j = 0; j < nq; ++j)
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = j * group + g, h = kvh * group + g;
+        for (int64_t x = 0; x < per_query; ++x) {
+          const int64_t r = j * per_query + x, h = kvh * group + x;
           const float* src = a.q + (q0 + j) * a.q_tok + h * a.q_head;
           for (int64_t d = 0; d < D; ++d) q[r * D + d] = src[d] * a.scale;
           m[r] = -INFINITY;
           visible[r] = decode ? ctx : end - nq + j + 1;  // causal mask
         }
-      walk_fn(a, seq, kvh, q, rows, visible.data(), begin, end, acc, m, l);
+      walk_fn(a, seq, kvh, span, q, rows, visible.data(), begin, end, acc, m, l);
       if (parts > 1) {  // keep the unnormalised partial result for the merge
-        std::copy(acc, acc + rows * D, part_acc.begin() + it * group * D);
-        for (int64_t g = 0; g < group; ++g) {
-          part_ml[(it * group + g) * 2] = m[g];
-          part_ml[(it * group + g) * 2 + 1] = l[g];
+        std::copy(acc, acc + rows * D, part_acc.begin() + it * a.heads * D);
+        for (int64_t r = 0; r < rows; ++r) {
+          part_ml[(it * a.heads + r) * 2] = m[r];
+          part_ml[(it * a.heads + r) * 2 + 1] = l[r];
         }
         continue;
       }
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t j = r / group, h = kvh * group + r % group;
+        const int64_t j = r / per_query, h = kvh * group + r % per_query;
         float* o = a.out + ((q0 + j) * a.heads + h) * D;
         const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
         for (int64_t d = 0; d < D; ++d) o[d] = acc[r * D + d] * inv;
@@ -291,10 +332,8 @@ void run(const Args& a, int64_t parts, int64_t part_len, int threads) {
   // largest max, add them up, divide by the rescaled normalisers' sum.
 #pragma omp parallel for num_threads(threads)
   for (int64_t sh = 0; sh < a.seqs * a.heads; ++sh) {
-    const int64_t seq = sh / a.heads, kvh = sh % a.heads / group, g = sh % group;
-    auto item = [&](int64_t p) {
-      return (first[seq] + p * a.kv_heads + kvh) * group + g;
-    };
+    const int64_t seq = sh / a.heads, h = sh % a.heads;
+    auto item = [&](int64_t p) { return (first[seq] + p) * a.heads + h; };
     float m = -INFINITY, l = 0.0f;
     for (int64_t p = 0; p < parts; ++p) m = std::max(m, part_ml[item(p) * 2]);
     float* o = a.out + sh * D;
