@@ -382,3 +382,20 @@ def test_serve_rows_carry_the_spread_of_per_round_ratios(capsys):
     assert (peer["ratio_min"], peer["ratio"], peer["ratio_max"]) == (0.5, 1.0, 2.0)
     print_serve_table(rows, title="t")
     assert "ratio per round, min-max: peer 0.50-2.00" in capsys.readouterr().out
+
+
+def test_serve_cli_runs_several_workloads_and_sums_them_up(capsys):
+    main(["serve", "--model", "tiny-llama", "--workload", "w1", "w2", "--num-requests",
+          "2", "3", "--repeats", "2", "--systems", "pagedkv", "hf-continuous",
+          "--max-model-len", "64"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "workload w1 (2 requests)" in out and "workload w2 (3 requests)" in out
+    summary = out[out.index("summary: pagedkv tok/s") :].splitlines()
+    assert "hf-continuous" in summary[1] and "tokens identical" in summary[1]
+    assert [line.split()[:2] for line in summary[2:4]] == [["w1", "2"], ["w2", "3"]]
+    assert re.search(r"[0-9.]+ \([0-9.]+-[0-9.]+\) +all$", summary[2])
+
+
+def test_serve_cli_rejects_a_count_per_workload_that_does_not_match():
+    with pytest.raises(SystemExit, match="one count or one per workload"):
+        main(["serve", "--workload", "w1", "w2", "--num-requests", "1", "2", "3"])

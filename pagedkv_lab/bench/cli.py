@@ -19,20 +19,24 @@ def _add_serve_parser(sub) -> None:
         help="our engine vs transformers generate / continuous batching (and vLLM)",
     )
     sp.add_argument(
-        "--model", default=None,
+        "--model",
+        default=None,
         help="model name (default: small-llama on a CPU, Qwen2.5-0.5B's shape on a GPU)",
     )
     sp.add_argument(
         "--workload",
+        nargs="+",
         choices=["w1", "w2", "heavy", "fixed"],
-        default="w1",
+        default=["w1"],
         help="w1 chat-like, w2 uniform 100-1024 (scaled), heavy: w1's heavy-tailed "
         "lengths at max_model_len 2048 (prompts and outputs of a few hundred "
-        "tokens), fixed: equal lengths at equal batch size",
+        "tokens), fixed: equal lengths at equal batch size; several run one after "
+        "another, with a summary table last",
     )
     sp.add_argument(
-        "--num-requests", type=int, default=None,
-        help="default: 48 on a CPU, 512 on a GPU",
+        "--num-requests", type=int, nargs="+", default=None,
+        help="one count for every workload, or one per workload "
+        "(default: 48 on a CPU, 512 on a GPU)",
     )  # fmt: skip
     sp.add_argument(
         "--max-model-len", type=int, default=None,
@@ -91,21 +95,14 @@ def _add_serve_parser(sub) -> None:
 
 def _serve_main(args, device: torch.device) -> None:
     from ..device import by_device
-    from ..workloads import Request, uniform_workload
 
-    n = args.num_requests or by_device(48, 512, device)
-    length = args.max_model_len or (2048 if args.workload == "heavy" else 512)
-    max_num_seqs = 256
-    if args.workload in ("w1", "heavy"):
-        requests = scaled_chat_trace(n, length)
-    elif args.workload == "w2":  # nano-vllm's 100-1024 range, scaled to max_model_len
-        lo, hi = max(1, 100 * length // 2048), max(2, 1024 * length // 2048)
-        requests = uniform_workload(n, low=lo, high=hi)
-    else:  # equal lengths; every system limited to the same batch size as static generate
-        requests = [Request(i, 0.0, length // 2, length // 2) for i in range(n)]
-        max_num_seqs = args.budget_requests
-    # a 30M model is launch-bound on any GPU: a real shape there (random weights)
-    model = args.model or ("Qwen2.5-0.5B" if device.type == "cuda" else "small-llama")
+    counts = args.num_requests or [by_device(48, 512, device)]
+    if len(counts) not in (1, len(args.workload)):
+        raise SystemExit(
+            f"--num-requests takes one count or one per workload "
+            f"({len(args.workload)}), got {len(counts)}"
+        )
+    counts = counts * len(args.workload) if len(counts) == 1 else counts
     systems = args.systems
     if systems is None:
         systems = list(SYSTEMS)
@@ -113,8 +110,60 @@ def _serve_main(args, device: torch.device) -> None:
             systems.append("vllm")
         else:
             print("vllm: not found (set PAGEDKV_VLLM_PYTHON or --vllm-python); skipped")
+    results = []
+    for workload, n in zip(args.workload, counts):
+        results.append(
+            (workload, n, _serve_workload(args, device, workload, n, systems))
+        )
+    if len(results) > 1:
+        print_workload_summary(results)
+
+
+def print_workload_summary(results: list[tuple[str, int, list[dict]]]) -> None:
+    """One line per workload: the first system's tok/s, every other system's
+    ratio to it (the median over rounds, with the rounds' min-max), and whether
+    every system's tokens matched the first's."""
+    systems = list(dict.fromkeys(r["system"] for _, _, rows in results for r in rows))
+    first, others = systems[0], systems[1:]
+    width = max([18, *map(len, others)]) + 2
     print(
-        f"model {model}, workload {args.workload}: {len(requests)} requests, "
+        f"\nsummary: {first} tok/s; the others as a ratio to it (min-max over rounds)"
+    )
+    head = f"{'workload':9}{'requests':>9}{first + ' tok/s':>15}"
+    print(head + "".join(f"{s:>{width}}" for s in others) + "  tokens identical")
+    for workload, n, rows in results:
+        by_system = {r["system"]: r for r in rows}
+        line = f"{workload:9}{n:9d}{by_system[first]['output_tok_per_s']:15.1f}"
+        for s in others:
+            r = by_system.get(s)
+            cell = "-" if r is None else (
+                f"{r['ratio']:.2f} ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
+            )  # fmt: skip
+            line += f"{cell:>{width}}"
+        same = min(r.get("identical", 0) for r in rows)
+        print(line + f"  {'all' if same == n else f'{same} of {n}':>16}")
+
+
+def _serve_workload(
+    args, device, workload: str, n: int, systems: list[str]
+) -> list[dict]:
+    """Run one workload of `bench serve` and print its table; return its rows."""
+    from ..workloads import Request, uniform_workload
+
+    length = args.max_model_len or (2048 if workload == "heavy" else 512)
+    max_num_seqs = 256
+    if workload in ("w1", "heavy"):
+        requests = scaled_chat_trace(n, length)
+    elif workload == "w2":  # nano-vllm's 100-1024 range, scaled to max_model_len
+        lo, hi = max(1, 100 * length // 2048), max(2, 1024 * length // 2048)
+        requests = uniform_workload(n, low=lo, high=hi)
+    else:  # equal lengths; every system limited to the same batch size as static generate
+        requests = [Request(i, 0.0, length // 2, length // 2) for i in range(n)]
+        max_num_seqs = args.budget_requests
+    # a 30M model is launch-bound on any GPU: a real shape there (random weights)
+    model = args.model or ("Qwen2.5-0.5B" if device.type == "cuda" else "small-llama")
+    print(
+        f"\nmodel {model}, workload {workload}: {len(requests)} requests, "
         f"{sum(r.output_len for r in requests)} output tokens, max_model_len {length}, "
         f"KV budget {args.budget_requests} x {length} tokens, block size {args.block_size}, "
         f"max_num_seqs {max_num_seqs}, "
@@ -137,7 +186,7 @@ def _serve_main(args, device: torch.device) -> None:
         vllm_block_sizes_to_try=tuple(args.vllm_block_sizes),
         vllm_modes=tuple(args.vllm_modes),
     )
-    title = serve_title(rows) + f", workload {args.workload} ({len(requests)} requests)"
+    title = serve_title(rows) + f", workload {workload} ({len(requests)} requests)"
     print_serve_table(rows, title)
     startup = "; ".join(f"{r['system']} {r['startup_s']:.1f}" for r in rows)
     print(textwrap.fill(f"startup s (load, pack or compile, warm-up; not in "
@@ -147,9 +196,16 @@ def _serve_main(args, device: torch.device) -> None:
     print(
         f"requests with tokens identical to {rows[0]['system']}'s (of {len(first)}): {same}"
     )
+    for r in rows:
+        r["identical"] = same[r["system"]]
     if args.plot:
-        plot_serve(rows, title, args.plot)
-        print(f"figure: {args.plot}")
+        plot = args.plot
+        if len(args.workload) > 1:  # one figure per workload
+            stem, dot, ext = plot.rpartition(".")
+            plot = f"{stem}-{workload}.{ext}" if dot else f"{plot}-{workload}"
+        plot_serve(rows, title, plot)
+        print(f"figure: {plot}")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,11 +223,16 @@ def main(argv: list[str] | None = None) -> None:
         "--context", type=int, nargs="+", help="context lengths (default: by device)"
     )
     kp.add_argument(
-        "--block-size", type=int, nargs="+", default=None,
+        "--block-size",
+        type=int,
+        nargs="+",
+        default=None,
         help="block sizes (default: 16 on a CPU; 16 and 32 on a GPU)",
     )
     kp.add_argument(
-        "--dtype", nargs="+", default=None,
+        "--dtype",
+        nargs="+",
+        default=None,
         help="float32 float16 bfloat16 (default: float32 on a CPU; float16 and bfloat16 on a GPU)",
     )
     kp.add_argument("--repeats", type=int, default=15)
@@ -211,8 +272,10 @@ def main(argv: list[str] | None = None) -> None:
             (128, 1024, 4096), (512, 1024, 4096, 16384), device
         )
         block_sizes = args.block_size or by_device((16,), (16, 32), device)
-        dtypes = [getattr(torch, d) for d in args.dtype] if args.dtype else by_device(
-            (torch.float32,), (torch.float16, torch.bfloat16), device
+        dtypes = (
+            [getattr(torch, d) for d in args.dtype]
+            if args.dtype
+            else by_device((torch.float32,), (torch.float16, torch.bfloat16), device)
         )
         for dtype in dtypes:
             for block_size in block_sizes:
@@ -242,4 +305,3 @@ def main(argv: list[str] | None = None) -> None:
             quick=args.quick,
         )
         print(f"report: {args.out}/report.md")
-
