@@ -155,9 +155,9 @@ struct Args {
 
 // ---- walk: one work item (shown in chapter 04) ----
 // The next tile's K and V lines, prefetched a few per token of work on this
-// tile. Issued all at once they would fill the core's few miss buffers and stall
-// it until memory answered, so that reading and computing took turns; a few at
-// a time, memory works while the core computes.
+// tile. Issued all at once they would fill the core's few miss buffers and
+// stall it until memory answered, so that reading and computing took turns; a
+// few at a time, memory works while the core computes.
 template <typename T>
 struct Prefetcher {
   const T *k, *v;        // the item's K and V
@@ -211,7 +211,7 @@ void walk(const Args& a, int64_t seq, int64_t kvh0, int64_t span, const float* q
     int steps = 0;  // tokens of work on this tile: each row's, scores and values
     for (int r = 0; r < rows; ++r)
       steps += 2 * int(std::clamp<int64_t>(visible[r] - t0, 0, n));
-    const int ahead = int(std::min<int64_t>(W, std::max<int64_t>(0, end - t0 - W)));
+    const int ahead = int(std::clamp<int64_t>(end - t0 - W, 0, W));  // next tile
     if (ahead) find_rows(t0 + W, slot[cur ^ 1]);  // its blocks may lie anywhere
     next.start(slot[cur ^ 1], ahead, steps);
     auto step = [&] { next.step(); };
