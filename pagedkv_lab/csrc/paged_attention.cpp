@@ -5,9 +5,10 @@
 // of one KV head times a chunk of queries). It walks the sequence's keys through
 // its block table, a tile of 16 tokens at a time, reading each K/V row where its
 // block lies, and keeps per row a running max m, normaliser l and unnormalised
-// output acc (online softmax). Math is fp32 whatever the cache stores. A `reg` is one
-// SIMD register of floats (16 with AVX-512, 8 with AVX2, 4 with SSE or NEON),
-// written with GCC/Clang vector extensions; a `vec` holds a tile's 16 scores.
+// output acc (online softmax). Math is fp32 whatever the cache stores. A `reg`
+// is one SIMD register of floats (16 with AVX-512, 8 with AVX2, 4 with SSE or
+// NEON), written with GCC/Clang vector extensions; a `vec` holds a tile's 16
+// scores.
 // OpenMP runs the work items in parallel. pagedkv_lab/attention.py builds it
 // with the system's compiler and calls it through ctypes.
 //
