@@ -6,7 +6,8 @@ measured copy bandwidth, times the steps our engine takes.
 
 Each engine step (prefill chunks and decode alike) runs every projection and the
 LM head once, so it reads their weights at least once: `small-llama`'s are 119
-MB in fp32 (the input embedding is read one row per token and is left out). A
+MB in fp32 (the input embedding is read one row per token and is left out, as in
+decode_floor.py, whose count this reuses). A
 256 MiB tensor copy measures the bandwidth (bytes read plus written, the median
 of 5). The floor leaves out K/V reads and arithmetic, so no engine reaches it;
 it says how far from the memory bound a throughput is.
@@ -15,22 +16,13 @@ it says how far from the memory bound a throughput is.
 import argparse
 
 import torch
+from decode_floor import weight_bytes_per_step  # this folder: on the path as a script
 
 from pagedkv_lab import LLM, SamplingParams
 from pagedkv_lab.bench.common import _prompt_ids, scaled_chat_trace
 from pagedkv_lab.bench.report import copy_bandwidth
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.models import load_model
-
-
-def weight_bytes_per_step(model: torch.nn.Module) -> int:
-    """Bytes of every weight a step reads whole: all but the input embedding
-    (one row per token) and the norms' gains (a few KiB)."""
-    return sum(
-        p.numel() * p.element_size()
-        for name, p in model.named_parameters()
-        if "embed" not in name and "norm" not in name
-    )
 
 
 def main() -> None:
