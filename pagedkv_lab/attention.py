@@ -746,6 +746,23 @@ def merge_segments(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype):
 #: Decode's 128 keys per tile won a sweep on an H100 (`scripts/kernel_ladder.py
 #: --sections tune`, bf16, Llama-3-8B's heads); prefill's is a first guess.
 TILE_SIZES = {"decode": (16, 128), "prefill": (64, 64)}
+#: The same before Ampere (a T4 is sm_75): 64 KiB of shared memory per
+#: multiprocessor, which one 128-key K tile and one V tile of head_dim 128 in
+#: fp16 (32 KiB each) would fill alone. Halved by that arithmetic, not measured.
+TILE_SIZES_PRE_AMPERE = {"decode": (16, 64), "prefill": (32, 64)}
+
+
+def tiled_launch(dtype: torch.dtype, capability: tuple[int, int] | None, decode: bool):
+    """``(tile_sizes, upcast)`` for a launch of the tiled kernel: the tiles for
+    the card's generation, and whether ``tl.dot`` must run in fp32 (IEEE, on the
+    CUDA cores): for fp32 data, in the interpreter (``capability`` None), whose
+    bf16 arithmetic is wrong, and for bf16 below sm_80, whose tensor cores have
+    no bf16. A pure function of its arguments, so tests check it for any card."""
+    modern = capability is not None and capability >= (8, 0)
+    tiles = (TILE_SIZES if modern or capability is None else TILE_SIZES_PRE_AMPERE)
+    upcast = dtype == torch.float32 or capability is None
+    upcast = upcast or (dtype == torch.bfloat16 and not modern)
+    return tiles["decode" if decode else "prefill"], upcast
 
 
 #: Programs per multiprocessor that `tiled_segments` aims for.
@@ -786,7 +803,7 @@ def paged_attention_tiled(
     Without ``query_start_loc``: decode, one query per sequence (the contract of
     `paged_decode_torch`); with it, causal varlen prefill (`paged_prefill_torch`),
     prefix-cache hits and chunks included. ``num_segments`` and ``tile_sizes``
-    override `tiled_segments` and `TILE_SIZES`; ``num_warps`` and ``num_stages``
+    override `tiled_segments` and `tiled_launch`'s tiles; ``num_warps`` and ``num_stages``
     Triton's defaults. Launches one kernel (and a
     merge when the keys are split); reads nothing back from the GPU.
     """
@@ -807,7 +824,10 @@ def paged_attention_tiled(
         query_start_loc = torch.arange(num_seqs + 1, device=q.device)
     group = heads // kv_heads
     group_pad = triton.next_power_of_2(group)
-    block_m, tile_n = tile_sizes or TILE_SIZES["decode" if decode else "prefill"]
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    capability = None if interpreting else torch.cuda.get_device_capability(q.device)
+    default_tiles, upcast = tiled_launch(q.dtype, capability, decode)
+    block_m, tile_n = tile_sizes or default_tiles
     block_q = max(1, max(block_m, 16) // group_pad)
     num_blocks_q = num_tokens // block_q + num_seqs
     if num_segments is None:
@@ -821,7 +841,6 @@ def paged_attention_tiled(
         out = _new_buffer((*shape, head_dim), torch.float32, q.device)
         lse = _new_buffer(shape, torch.float32, q.device)
     scale = scale if scale is not None else 1 / math.sqrt(head_dim)
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     launch = dict(num_warps=num_warps, num_stages=num_stages)
     _tiled_attention_kernel[(num_blocks_q, kv_heads, num_segments)](
         q, k_cache, v_cache, block_tables, context_lens, query_start_loc, out, lse,
@@ -833,7 +852,7 @@ def paged_attention_tiled(
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, TILE_N=max(16, tile_n), NUM_SEGMENTS=num_segments,
-        UPCAST=interpreting or q.dtype == torch.float32,
+        UPCAST=upcast,
         **{k: v for k, v in launch.items() if v is not None},
     )  # fmt: skip
     if num_segments == 1:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
@@ -65,3 +66,63 @@ def device_report(device: torch.device | None = None) -> dict[str, str]:
         report["gpu"] = props.name
         report["gpu memory"] = f"{props.total_memory / 2**30:.1f} GiB"
     return report
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """What the library reads from a CUDA device: its name, compute capability,
+    the memory the runtime reports (after ECC and the driver's share, so a
+    "16 GB" T4 shows 15,360 MiB) and its multiprocessor count."""
+
+    name: str
+    capability: tuple[int, int]
+    total_memory: int
+    multiprocessors: int
+
+    @classmethod
+    def of(cls, device: torch.device) -> GPUSpec:
+        props = torch.cuda.get_device_properties(device.index or 0)
+        return cls(
+            props.name,
+            (props.major, props.minor),
+            props.total_memory,
+            props.multi_processor_count,
+        )
+
+
+def gpu_spec(device: torch.device | GPUSpec | None = None) -> GPUSpec | None:
+    """The `GPUSpec` of ``device`` (a spec passes through); None for a CPU."""
+    if isinstance(device, GPUSpec):
+        return device
+    device = device if device is not None else pick_device()
+    return GPUSpec.of(device) if device.type == "cuda" else None
+
+def supports_bf16(device: torch.device | GPUSpec | None = None) -> bool:
+    """True on CUDA devices of compute capability 8.0 and later, whose tensor
+    cores multiply bfloat16 (never by asking `torch.cuda.is_bf16_supported`,
+    which counts emulation and says True on a T4)."""
+    spec = gpu_spec(device)
+    return spec is not None and spec.capability >= (8, 0)
+
+
+def default_dtype(device: torch.device | GPUSpec | None = None) -> torch.dtype:
+    """The library's one dtype rule: float32 on a CPU, bfloat16 on sm_80 and
+    later, float16 on older GPUs (a T4 is sm_75)."""
+    if gpu_spec(device) is None:
+        return torch.float32
+    return torch.bfloat16 if supports_bf16(device) else torch.float16
+
+
+def memory_budget(device: torch.device | GPUSpec | None, fraction: float) -> int | None:
+    """``fraction`` of the card's memory, in bytes, for a benchmark row or a pool
+    to stay under; None on a CPU, where the library sets no cap."""
+    spec = gpu_spec(device)
+    return None if spec is None else int(spec.total_memory * fraction)
+
+#: Cards the tests and the chapters describe without having them: the memory
+#: `nvidia-smi` reports for each (MiB; ECC takes a share on the GDDR6 T4 and L4).
+KNOWN_GPUS = {
+    "T4": GPUSpec("Tesla T4", (7, 5), 15_360 * 2**20, 40),
+    "L4": GPUSpec("NVIDIA L4", (8, 9), 23_034 * 2**20, 58),
+    "A100-40GB": GPUSpec("NVIDIA A100-SXM4-40GB", (8, 0), 40_960 * 2**20, 108),
+    "H100-80GB": GPUSpec("NVIDIA H100 80GB HBM3", (9, 0), 81_559 * 2**20, 132),
+}

@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .block_manager import BlockManager
+from .device import default_dtype
 from .engine import PagedKVCache, Sequence, _check_int
 from .engine import SamplingParams as BaseSamplingParams
 from .fused import FusedModelRunner, runner_class
@@ -918,16 +919,6 @@ class LLMEngine(RequestIntake):
         )
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    """The dtype `LLM` loads a model in when none is given, the library's one
-    rule: float32 on a CPU; on a GPU bfloat16 where it is supported (compute
-    capability 8.0 and later: A100, H100, RTX 30xx) and float16 before (a T4 is
-    7.5). The KV cache always has the model's dtype; the Triton kernels take
-    fp32, fp16 or bf16 (queries and cache alike) and accumulate in fp32."""
-    if device.type != "cuda":
-        return torch.float32
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
 _DTYPES = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -981,7 +972,6 @@ def eos_token_ids(model, tokenizer) -> frozenset[int]:
             if _is_token_id(t):
                 found.add(int(t))
     return frozenset(found)
-
 
 class LLM(LLMEngine):
     """Serve a causal LM with a paged KV cache and continuous batching.

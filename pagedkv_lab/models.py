@@ -26,6 +26,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from .device import GPUSpec, default_dtype, memory_budget
+
 #: The offline models: name -> what it is for.
 OFFLINE_MODELS: dict[str, str] = {
     "tiny-llama": "2-layer Llama, GQA 4:2, head_dim 16: tests and quick demos",
@@ -159,7 +161,7 @@ def load_model(
     always gives the same model), a real model's shape from
     ``configs/real_models.json`` (``"Llama-3-8B"``, ``"Qwen2.5-0.5B"``, ...: the
     checkpoint's architecture with seeded random weights, built on ``device``,
-    bf16 by default on a GPU; vLLM's ``load_format="dummy"``), a Hugging Face
+    in `default_dtype` for the device (bf16 on sm_80+, fp16 on older GPUs); vLLM's ``load_format="dummy"``), a Hugging Face
     checkpoint name, which needs a network the first time
     (``local_files_only=True``: only the local Hub cache), or the path of a
     checkpoint saved with ``save_pretrained``.
@@ -212,6 +214,33 @@ def real_model_shapes() -> dict[str, PretrainedConfig]:
     return real_model_configs()
 
 
+#: Real shapes the GPU scripts and benchmarks run, largest first.
+GPU_SHAPES = ("Llama-3-8B", "Llama-3.2-1B", "Qwen2.5-0.5B")
+
+
+def largest_real_shape(
+    device: torch.device | GPUSpec | None = None,
+    fraction: float = 0.5,
+    candidates: tuple[str, ...] = GPU_SHAPES,
+) -> str:
+    """The first of ``candidates`` (largest first) whose weights, in the
+    library's dtype for ``device``, take at most ``fraction`` of the card's
+    memory, leaving the rest for the KV cache and activations: Llama-3-8B (16 GB
+    in bf16) on a 40 GB card and up, Llama-3.2-1B on a T4 or an L4. The last
+    candidate where none fits, and on a CPU."""
+    from .kvmath import count_parameters_from_config
+
+    budget = memory_budget(device, fraction)
+    if budget is None:
+        return candidates[-1]
+    itemsize = default_dtype(device).itemsize
+    shapes = real_model_shapes()
+    for name in candidates:
+        if count_parameters_from_config(shapes[name]) * itemsize <= budget:
+            return name
+    return candidates[-1]
+
+
 def _random_model(
     config: PretrainedConfig,
     seed: int,
@@ -222,9 +251,8 @@ def _random_model(
     initialised on ``device``: on a GPU an 8B model takes seconds; on a CPU
     initialisation runs at tens of millions of weights a second (a 0.5B model
     takes about a minute on 2 cores); on ``"meta"`` nothing is allocated."""
-    if dtype is None:
-        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        dtype = torch.bfloat16 if bf16 else torch.float32
+    if dtype is None:  # 16-bit on a GPU by the library's rule; float32 on a CPU
+        dtype = default_dtype(device)
     cuda = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)

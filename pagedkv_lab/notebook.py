@@ -17,12 +17,40 @@ import torch
 from .device import pick_device
 from .plotting import use_style
 
+#: The mime prefix myst-nb's `glue` gives a value stored for the book but not shown.
+GLUE_PREFIX = "application/papermill.record/"
+#: Output metadata marking a line meant for live notebooks only; the book drops
+#: such outputs (`pagedkv_lab._sphinx`).
+LIVE_ONLY = "pagedkv_lab_live_only"
+
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def glue(name: str, value: object, display: bool = False) -> None:
+    """Store ``value`` under ``name`` for the book's ``{glue:text}`name``` roles.
+
+    The record is the one myst-nb's own ``glue`` writes (so the site renders the
+    number in the prose), made with IPython alone: the base install, which is
+    all that Colab gets, needs no book tooling. A live notebook (JupyterLab,
+    Colab) shows the roles raw, so the value is also shown under the cell as
+    ``name = value``; the book drops that line. ``display=True`` shows the value
+    itself as an ordinary output, as myst-nb's does.
+    """
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as show
+
+    bundle, metadata = format_display_data(value)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    show({prefix + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)
+    if not display:
+        text = f"{name} = {bundle.get('text/plain', '')}"
+        show({"text/plain": text}, raw=True, metadata={LIVE_ONLY: True})
 
 
 def within(error: float, bound: float) -> str:
@@ -39,8 +67,13 @@ def within(error: float, bound: float) -> str:
 
 
 def setup(seed: int = 0) -> torch.device:
-    """Prepare a chapter: quiet warnings, Triton mode, seeds, plot style; return the device to use."""
-    if not torch.cuda.is_available():
+    """Prepare a chapter: quiet warnings, Triton mode, seeds, plot style; return the device to use.
+
+    Triton's mode follows the device chosen (``$PAGEDKV_DEVICE`` included), not
+    the hardware: a chapter run on the CPU of a GPU machine interprets its kernels.
+    """
+    device = pick_device()
+    if device.type != "cuda":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -55,4 +88,4 @@ def setup(seed: int = 0) -> torch.device:
         pass
     seed_everything(seed)
     use_style()
-    return pick_device()
+    return device

@@ -1,10 +1,10 @@
 """Decode speed against the physical floor, on a CUDA GPU, in one run.
 
-    python scripts/decode_floor.py --out decode-report            # Llama-3-8B shape, ~2 min on an H100
+    python scripts/decode_floor.py --out decode-report            # Llama-3-8B shape on 40 GB+, ~2 min on an H100
     python scripts/decode_floor.py --model Qwen2.5-0.5B --smoke   # small, any device
 
-A random-weight model at a real checkpoint's shape (bf16 on a GPU) serves
-``--prompts`` prompts of ``--prompt-len`` tokens, ``--new-tokens`` greedy tokens
+A random-weight model at a real checkpoint's shape serves ``--prompts``
+prompts of ``--prompt-len`` tokens, ``--new-tokens`` greedy tokens
 each, ignoring EOS. For every system the time of a decode step is measured:
 
 - ``pagedkv``: our engine (`LLM`, CUDA graphs), each `step` timed (a step ends
@@ -34,7 +34,7 @@ import torch
 
 from pagedkv_lab import LLM, SamplingParams
 from pagedkv_lab.kvmath import KVSpec
-from pagedkv_lab.models import load_model
+from pagedkv_lab.models import largest_real_shape, load_model
 from pagedkv_lab.sampling import RequestOutputKind
 
 
@@ -144,8 +144,8 @@ def profile_ours(model, tokenizer, prompts, kv_bytes, out: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="Llama-3-8B")
-    ap.add_argument("--prompts", type=int, default=128)
+    ap.add_argument("--model", default=None, help="default: the largest shape that fits")
+    ap.add_argument("--prompts", type=int, default=None, help="default: up to 128 that fit")
     ap.add_argument("--prompt-len", type=int, default=1000)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--systems", nargs="+", default=["pagedkv", "pagedkv-eager", "hf"])
@@ -156,15 +156,23 @@ def main(argv=None) -> int:
     if args.smoke:
         args.prompts, args.prompt_len, args.new_tokens = 4, 40, 8
     device = torch.device("cuda")
+    # the card decides: the largest real shape whose weights take at most half its
+    # memory (in the library's dtype: bf16 from sm_80, fp16 before)
+    args.model = args.model or largest_real_shape(device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth(device)
     model, tokenizer = load_model(args.model, device=device)
+    spec = KVSpec.from_config(model.config, model.dtype)
+    if args.prompts is None:  # as many as 128 whose K/V fit beside the weights
+        free = 0.8 * torch.cuda.get_device_properties(device).total_memory
+        free -= sum(p.numel() * p.element_size() for p in model.parameters())
+        per_prompt = 1.3 * (args.prompt_len + args.new_tokens) * spec.bytes_per_token
+        args.prompts = max(1, min(128, int(free // per_prompt)))
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(
         3, 4000, (args.prompts, args.prompt_len), generator=g
     ).tolist()
-    spec = KVSpec.from_config(model.config, model.dtype)
     contexts = [args.prompt_len + t for t in range(1, args.new_tokens)]
     kv_read = args.prompts * spec.bytes_per_token * statistics.mean(contexts)
     weights = weight_bytes_per_step(model)

@@ -6,9 +6,12 @@
 1. Correctness, compiled: the PyTorch path, the first Triton kernel and the tiled
    kernel against float64 on odd shapes, fp16 and bf16, decode and prefill.
 2. Decode: `bench.kernel_benchmark` for fp16 and bf16, blocks of 16 and 32, batch
-   1-256, context 512-16384 (rows over 4 GiB of K/V left out): each kernel's time
+   1-256, context 512-16384 (rows whose peak would pass half the card's memory, or
+   over 4 GiB of K/V, left out; bf16 only from sm_80): each kernel's time
    against contiguous SDPA over the same K/V, and its bandwidth against a copy.
-3. Prefill: a Llama-3-8B-shaped model (random weights, bf16), 128 prompts of 1,000
+3. Prefill: the largest real shape whose weights fit half the card
+   (`models.largest_real_shape`: Llama-3-8B from 40 GB, Llama-3.2-1B on a T4 or
+   an L4; random weights, in `device.default_dtype`), 128 prompts of 1,000
    tokens: the engine's prefill (`LLM.generate`, one new token) against
    transformers' own SDPA forward of the same prompts, in the same run.
 4. A table of the issue's targets, last: decode paged/contiguous <= 1.15 at batch
@@ -42,7 +45,8 @@ from pagedkv_lab.attention import (
     reference_paged_attention,
 )
 from pagedkv_lab.bench import kernel_benchmark, print_kernel_table
-from pagedkv_lab.device import device_report
+from pagedkv_lab.device import default_dtype, device_report, supports_bf16
+from pagedkv_lab.models import largest_real_shape
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -126,7 +130,9 @@ BLOCK_SIZES = (16, 32)
 
 def decode_grid(device, smoke: bool) -> list[dict]:
     cuda = device.type == "cuda"
-    dtypes = [getattr(torch, d) for d in DECODE_DTYPES] if cuda else (torch.float32,)
+    wanted = [getattr(torch, d) for d in DECODE_DTYPES]
+    dtypes = [d for d in wanted if d != torch.bfloat16 or supports_bf16(device)]
+    dtypes = dtypes if cuda else (torch.float32,)
     batches = (1, 8, 64, 256) if not smoke else (1, 4)
     contexts = (512, 1024, 4096, 16384) if not smoke else (64, 256)
     rows = []
@@ -149,7 +155,9 @@ def prefill_comparison(device, smoke: bool) -> dict:
     from pagedkv_lab import LLM, SamplingParams
     from pagedkv_lab.models import load_model
 
-    name, num, length = ("Llama-3-8B", 128, 1000) if not smoke else ("tiny-llama", 4, 40)
+    name, num, length = (largest_real_shape(device), 128, 1000)
+    if smoke:
+        name, num, length = "tiny-llama", 4, 40
     t0 = time.perf_counter()
     model, tokenizer = load_model(name, device=device)
     model.config._attn_implementation = "sdpa"
@@ -210,7 +218,12 @@ def tune(device, smoke: bool) -> list[dict]:
     import itertools
     from functools import partial
 
-    from pagedkv_lab.bench.kernel import _contiguous_decode, _paged_copy, random_normal
+    from pagedkv_lab.bench.kernel import (
+        _contiguous_decode,
+        _paged_copy,
+        max_row_kv_bytes,
+        random_normal,
+    )
     from pagedkv_lab.bench.timing import time_calls
 
     grid = [(8, 1024), (8, 4096), (8, 16384), (64, 4096), (64, 16384), (256, 4096)]
@@ -218,9 +231,11 @@ def tune(device, smoke: bool) -> list[dict]:
     if smoke:
         grid, tiles, per_sm, warps, stages = [(2, 64)], (64,), (2,), (4,), (None,)
     heads, kv_heads, dim = 32, 8, 128
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = default_dtype(device)  # bf16 from sm_80, fp16 before, fp32 on a CPU
     gen = torch.Generator().manual_seed(0)
     draw_gen = torch.Generator(device).manual_seed(0)
+    cap = max_row_kv_bytes(device)
+    grid = [(b, c) for b, c in grid if not cap or 2 * b * kv_heads * c * dim * dtype.itemsize <= cap]
     rows = []
     saved = attention.PROGRAMS_PER_SM
     for batch, ctx in grid:
@@ -278,7 +293,7 @@ def tune_prefill(device, smoke: bool) -> list[dict]:
     if smoke:
         rows_m, tiles, warps, stages = (64,), (64,), (4,), (None,)
     heads, kv_heads, dim = 32, 8, 128
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = default_dtype(device)  # bf16 from sm_80, fp16 before, fp32 on a CPU
     gen = torch.Generator().manual_seed(0)
     draw_gen = torch.Generator(device).manual_seed(0)
     out = []

@@ -158,9 +158,11 @@ def _run_result(seconds, tokens, ttft, tpot, peak_kv_bytes, **extra) -> dict:
 
 def _kv_spec(model_name: str, device: torch.device | None = None):
     """KV bytes per token of the model as `load_model` will load it on ``device``
-    (offline models in fp32; real shapes in bf16 on a GPU that has it, else fp32)."""
+    (offline models in fp32; real shapes in the library's dtype for the device:
+    bf16 on sm_80+, fp16 on older GPUs, fp32 on a CPU)."""
     from transformers import AutoConfig
 
+    from ..device import default_dtype
     from ..kvmath import KVSpec
     from ..models import OFFLINE_MODELS, offline_config, real_model_shapes
 
@@ -168,9 +170,8 @@ def _kv_spec(model_name: str, device: torch.device | None = None):
         return KVSpec.from_config(offline_config(model_name), torch.float32)
     shapes = real_model_shapes()
     if model_name in shapes:
-        cuda = device is not None and device.type == "cuda"
-        bf16 = cuda and torch.cuda.is_bf16_supported()
-        return KVSpec.from_config(shapes[model_name], torch.bfloat16 if bf16 else torch.float32)
+        dtype = default_dtype(device) if device is not None else torch.float32
+        return KVSpec.from_config(shapes[model_name], dtype)
     config = AutoConfig.from_pretrained(model_name)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32

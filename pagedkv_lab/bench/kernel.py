@@ -76,6 +76,31 @@ def decode_path_name(device: torch.device, head_dim: int = 64) -> str:
     return "PyTorch"
 
 
+#: The share of a GPU's memory one kernel-benchmark row may hold at its peak.
+ROW_MEMORY_FRACTION = 0.5
+#: No row over this much K/V even on a large card: the H100 report's rows.
+ROW_KV_CAP = 4 << 30
+
+
+def row_peak_bytes(kv_bytes: int, in_order: bool = False) -> int:
+    """What one row holds at once: its K/V contiguous, paged, gathered by the
+    PyTorch path, and as the source and destination of the bandwidth copy (and
+    paged in order with ``in_order``)."""
+    return kv_bytes * (6 if in_order else 5)
+
+
+def max_row_kv_bytes(device, in_order: bool = False) -> int | None:
+    """The largest K/V a row may have on ``device`` (a `torch.device` or a
+    `GPUSpec`): its peak under `ROW_MEMORY_FRACTION` of the card's memory, and
+    at most `ROW_KV_CAP`; None (no cap) on a CPU."""
+    from ..device import memory_budget
+
+    budget = memory_budget(device, ROW_MEMORY_FRACTION)
+    if budget is None:
+        return None
+    return min(ROW_KV_CAP, budget // row_peak_bytes(1, in_order))
+
+
 GRAPHED_CALLS = ("contiguous", "paged", "paged_in_order", "first_triton")
 
 
@@ -114,11 +139,11 @@ def kernel_benchmark(
     and the same tables' indirection, with only the scattering of blocks
     removed (``shuffled_over_in_order``: what scattered blocks cost the kernel).
 
-    A row holds its K/V about five times at once (contiguous, paged, the
-    PyTorch path's gather, and a copy's source and destination; six with
-    ``in_order``), so rows whose
-    K/V exceed ``max_kv_bytes`` (default: 4 GiB on CUDA, no cap on a CPU) are
-    left out rather than run out of device memory.
+    A row holds its K/V five times at once (`row_peak_bytes`: contiguous,
+    paged, the PyTorch path's gather, and a copy's source and destination; six
+    with ``in_order``), so rows whose K/V exceed ``max_kv_bytes`` (default:
+    `max_row_kv_bytes`, a peak under half the card's memory and at most 4 GiB of
+    K/V; no cap on a CPU) are left out rather than run out of device memory.
     """
     from ..attention import paged_decode, paged_decode_torch, paged_decode_triton
 
@@ -128,8 +153,8 @@ def kernel_benchmark(
     head_dim = head_dim or (128 if cuda else 64)
     dtype = dtype or (torch.float16 if cuda else torch.float32)
     path = decode_path_name(device, head_dim)
-    if max_kv_bytes is None and cuda:
-        max_kv_bytes = 4 << 30
+    if max_kv_bytes is None:
+        max_kv_bytes = max_row_kv_bytes(device, in_order)
     gen = torch.Generator().manual_seed(seed)
     draw_gen = torch.Generator(device).manual_seed(seed) if cuda else gen
 
