@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
-.PHONY: setup book test test-floor lab export execute lint clean gpu-check
+.PHONY: setup book test test-chapters test-floor lab export execute lint clean gpu-check
 
 # The lowest transformers pyproject.toml allows (tests/test_versions.py checks the two agree).
 TRANSFORMERS_FLOOR := 5.17.0
@@ -22,10 +22,28 @@ book: setup  ## build the site from the committed outputs into _build/html
 	$(BIN)/jupyter-book build . -W --keep-going
 	@echo "Open $(CURDIR)/_build/html/index.html in a browser."
 
-test: setup  ## lint, unit, property and sync tests, then strict nbval over every chapter
-	$(BIN)/ruff check pagedkv_lab tests solutions
+test: setup  ## lint, unit, property and sync tests, then strict nbval over every chapter (base install)
+	$(BIN)/ruff check pagedkv_lab tests solutions scripts
 	$(BIN)/python -m pytest tests -q
-	$(BIN)/python -m pytest $(NBVAL) notebooks -q
+	$(MAKE) test-chapters
+
+# What Colab's first cell gives a learner: the package with its base dependencies
+# only (no extras), plus the kernel tooling a notebook runtime has. Every chapter
+# runs there under strict nbval; pytest and nbval are the executor, not something
+# a chapter imports (scripts/check_base_install.py checks that no extra leaked in).
+BASE_VENV ?= .venv-base
+BASE := $(BASE_VENV)/bin
+
+$(BASE)/python:
+	$(PY) -m venv $(BASE_VENV)
+	$(BASE)/pip install -q --upgrade pip
+	$(BASE)/python -c "import torch" 2>/dev/null || $(BASE)/pip install -q "torch==2.13.0"
+	$(BASE)/pip install -q ipykernel nbclient pytest nbval
+
+test-chapters: $(BASE)/python  ## every chapter under strict nbval, in a venv with only `pip install .`
+	$(BASE)/pip install -q . && $(BASE)/pip install -q --force-reinstall --no-deps .
+	$(BASE)/python scripts/check_base_install.py
+	$(BASE)/python -m pytest $(NBVAL) notebooks -q
 
 # transformers 5.17 wants huggingface-hub < 2; both go into .floor/, in front of .venv's.
 test-floor: setup  ## the unit tests again, on the lowest transformers the package allows
@@ -33,8 +51,9 @@ test-floor: setup  ## the unit tests again, on the lowest transformers the packa
 	  "transformers==$(TRANSFORMERS_FLOOR)" "huggingface-hub>=1.5,<2"
 	PYTHONPATH=.floor $(BIN)/python -m pytest tests -q
 
-lab: setup  ## open the chapters in JupyterLab
-	$(BIN)/jupyter lab notebooks
+lab: setup  ## open the chapters in JupyterLab (with jupyterlab-myst, so MyST roles render)
+	$(BIN)/pip install -q -e ".[lab]"
+	$(BIN)/jupyter lab notebooks/00_setup.ipynb
 
 export: setup  ## regenerate pagedkv_lab/ modules from the notebooks' #| export cells
 	$(BIN)/python -m pagedkv_lab._export
@@ -50,11 +69,11 @@ execute: setup  ## re-run every chapter top to bottom and store its outputs (CPU
 # The report folder of `make gpu-check` (ignored by git).
 OUT ?= gpu-report
 
-gpu-check: setup  ## on a CUDA machine: GPU tests, chapters 04-11, `bench all` into $(OUT)/
+gpu-check: setup  ## on a CUDA machine: GPU tests, kernels, decode floor, every chapter, `bench all` into $(OUT)/
 	OUT="$(OUT)" PY="$(BIN)/python" bash scripts/gpu_check.sh
 
 lint: setup
-	$(BIN)/ruff check pagedkv_lab tests solutions
+	$(BIN)/ruff check pagedkv_lab tests solutions scripts
 
 clean:
-	rm -rf _build .floor
+	rm -rf _build .floor $(BASE_VENV)

@@ -1,24 +1,41 @@
 #!/usr/bin/env bash
-# One command that checks the CUDA path on whatever GPU this machine has and
-# writes a report folder (`make gpu-check`; OUT=dir to choose it):
+# The whole GPU half of the course on whatever NVIDIA GPU this machine has, in
+# steps, into a report folder (`make gpu-check`; OUT=dir to choose it):
 #   versions.txt, nvidia-smi.txt  the machine and the software
-#   pytest.txt, pytest.xml        tests/test_gpu.py and tests/test_attention.py
-#   kernels/, kernels.txt         scripts/kernel_ladder.py (summary.txt: the targets)
-#   notebooks/NN_*.ipynb, .log    chapters 04-11 executed with GPU sizes, each
+#   pytest.txt, pytest.xml        tests/test_gpu.py and tests/test_attention.py, compiled
+#   kernels/, kernels.txt         scripts/kernel_ladder.py (every attention kernel checked
+#                                 and timed, the decode/prefill figures, results.json)
+#   decode/, decode.txt           scripts/decode_floor.py (the engine's decode step
+#                                 against the physical floor, at the largest real shape
+#                                 that fits the card)
+#   nanovllm/, nanovllm.txt       python -m pagedkv_lab.bench nanovllm, per model
+#   notebooks/NN_*.ipynb, .log    every chapter (00-11) executed with GPU sizes, each
 #                                 cell's seconds in the log (scripts/run_notebook.py;
 #                                 copies: the committed CPU outputs stay as they are)
 #   bench/, bench.txt             python -m pagedkv_lab.bench all
-#   summary.txt                   pass/fail and seconds per step
+#   steps.tsv                     one line per step: name, pass/FAIL, seconds, log
+#   summary.txt                   every step recorded so far, the total, and the verdict:
+#                                 "gpu-check: every step passed" only when every step of
+#                                 the whole script has run and passed
+#   targets.json                  the figures the GPU issues name (scripts/gpu_targets.py)
 # Every step runs even when an earlier one failed; the exit code is 1 if any did.
+#
+# A machine that allows 10-minute commands runs it in parts into one folder; the
+# parts add up (steps.tsv keeps each step's latest result), e.g.
+#   STEPS="versions tests" ...;  STEPS=kernels ...;  STEPS="decode nanovllm" ...;
+#   STEPS=notebooks CHAPTERS="00 01 02 03 04 05" ...;  CHAPTERS="06 07 08" ...;
+#   CHAPTERS="09 10 11" ...;  STEPS=bench ...
 # Environment: OUT (default gpu-report), PY (default .venv/bin/python, else
 # python3: `PY=python3 bash scripts/gpu_check.sh` on a GPU machine whose python
 # already has the package's requirements and no network), STEP_TIMEOUT (seconds
-# per step, default 600), STEPS (default "tests kernels notebooks bench"; the versions
-# always run) and CHAPTERS (default "04 05 06 07 08 09 10 11"), to split a run
-# over several commands, e.g. STEPS=notebooks CHAPTERS="10 11".
+# per step, default 600), STEPS (default: all of "versions tests kernels decode
+# nanovllm notebooks bench"), CHAPTERS (default: every chapter, 00-11).
 set -u
-STEPS="${STEPS:-tests kernels notebooks bench}"
-CHAPTERS="${CHAPTERS:-04 05 06 07 08 09 10 11}"
+ALL_STEPS="versions tests kernels decode nanovllm notebooks bench"
+ALL_CHAPTERS="00 01 02 03 04 05 06 07 08 09 10 11"
+NANOVLLM_MODELS="${NANOVLLM_MODELS:-Qwen2.5-0.5B Qwen3-0.6B}"
+STEPS="${STEPS:-$ALL_STEPS}"
+CHAPTERS="${CHAPTERS:-$ALL_CHAPTERS}"
 wants() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 OUT="${OUT:-gpu-report}"
@@ -39,10 +56,9 @@ then
   exit 1
 fi
 
-mkdir -p "$OUT/notebooks" "$OUT/bench"
-: > "$OUT/summary.txt"
+mkdir -p "$OUT/notebooks" "$OUT/bench" "$OUT/nanovllm"
+touch "$OUT/steps.tsv"
 failed=0
-start_all=$(date +%s)
 
 # run_step NAME LOGFILE COMMAND...: run with a time limit, log, record the result
 run_step() {
@@ -63,23 +79,31 @@ run_step() {
     *) status="FAIL (exit $rc)" ;;
   esac
   [ "$rc" -eq 0 ] || failed=1
-  printf '%-34s %-22s %5ss  %s\n' "$name" "$status" "$(($(date +%s) - t0))" \
-    "${log#"$OUT"/}" >>"$OUT/summary.txt"
+  # the step's latest result replaces any earlier one (a part run again)
+  awk -F '\t' -v n="$name" '$1 != n' "$OUT/steps.tsv" >"$OUT/steps.tsv.new"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$(($(date +%s) - t0))" \
+    "${log#"$OUT"/}" >>"$OUT/steps.tsv.new"
+  mv "$OUT/steps.tsv.new" "$OUT/steps.tsv"
   tail -n 2 "$log" >&2
 }
 
 # 1. the machine and the software
-nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" >>"$OUT/nvidia-smi.txt"
-run_step "versions" "$OUT/versions.txt" "$PY" -c '
+if wants versions; then
+  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || echo "nvidia-smi failed" >>"$OUT/nvidia-smi.txt"
+  run_step "versions" "$OUT/versions.txt" "$PY" -c '
 import torch
-from pagedkv_lab.device import device_report
-report = device_report(torch.device("cuda"))
+from pagedkv_lab.device import default_dtype, device_report, gpu_spec
+from pagedkv_lab.models import largest_real_shape
+device = torch.device("cuda")
+report = device_report(device)
 report["cuda (torch build)"] = str(torch.version.cuda)
-report["compute capability"] = "sm_%d%d" % torch.cuda.get_device_capability()
-report["bf16 supported"] = str(torch.cuda.is_bf16_supported())
+report["compute capability"] = "sm_%d%d" % gpu_spec(device).capability
+report["library dtype"] = str(default_dtype(device))
+report["largest real shape"] = largest_real_shape(device)
 for key, value in report.items():
     print(f"{key:>20}: {value}")
 '
+fi
 
 # 2. every GPU test, and the attention tests compiled for this GPU
 if wants tests; then
@@ -94,7 +118,19 @@ if wants kernels; then
     "$PY" scripts/kernel_ladder.py --out "$OUT/kernels"
 fi
 
-# 3. chapters 04-11, executed with GPU sizes, into the report (not in place)
+# 2c. the engine's decode step against the physical floor, and nano-vllm's benchmark
+if wants decode; then
+  run_step "decode floor" "$OUT/decode.txt" \
+    "$PY" scripts/decode_floor.py --out "$OUT/decode"
+fi
+if wants nanovllm; then
+  for model in $NANOVLLM_MODELS; do
+    run_step "bench nanovllm $model" "$OUT/nanovllm/$model.txt" \
+      "$PY" -m pagedkv_lab.bench nanovllm --model "$model" --json "$OUT/nanovllm/$model.json"
+  done
+fi
+
+# 3. every chapter, executed with GPU sizes, into the report (not in place)
 wants notebooks || CHAPTERS=""
 for n in $CHAPTERS; do
   for nb in notebooks/${n}_*.ipynb; do
@@ -105,7 +141,8 @@ for n in $CHAPTERS; do
     base=$(basename "$nb" .ipynb)
     # cell by cell, each cell's seconds in the log as it ends (a chapter cut off
     # by the time limit still says where its time went)
-    run_step "notebook $base" "$OUT/notebooks/$base.log" \
+    # PAGEDKV_TRACE: long benchmark cells log their progress there as they go
+    PAGEDKV_TRACE="$OUT/notebooks/$base.trace" run_step "notebook $base" "$OUT/notebooks/$base.log" \
       "$PY" scripts/run_notebook.py "$nb" --out "$OUT/notebooks" \
       --cell-timeout "$STEP_TIMEOUT"
   done
@@ -116,13 +153,35 @@ if wants bench; then
   run_step "bench all" "$OUT/bench.txt" "$PY" -m pagedkv_lab.bench all --out "$OUT/bench"
 fi
 
-total=$(($(date +%s) - start_all))
-{
-  echo
-  echo "total ${total}s; report in $OUT/"
-  if [ "$failed" -eq 0 ]; then echo "gpu-check: every step passed"; else
-    echo "gpu-check: FAILED (see the logs named above)"; fi
-} >>"$OUT/summary.txt"
+# The whole script's expected steps, to tell "every step passed" from "so far".
+expected="versions,pytest test_gpu + test_attention,kernel ladder,decode floor"
+for model in $NANOVLLM_MODELS; do expected="$expected,bench nanovllm $model"; done
+for n in $ALL_CHAPTERS; do
+  for nb in notebooks/${n}_*.ipynb; do
+    [ -e "$nb" ] && expected="$expected,notebook $(basename "$nb" .ipynb)"
+  done
+done
+expected="$expected,bench all"
+"$PY" scripts/gpu_targets.py "$OUT" "$expected" >/dev/null \
+  || echo "gpu_targets.py failed" >&2
+"$PY" - "$OUT" <<'PYEOF'
+import json, sys
+from pathlib import Path
+folder = Path(sys.argv[1])
+sys.path.insert(0, "scripts")
+from gpu_targets import read_steps
+steps = read_steps(folder)
+check = json.loads((folder / "targets.json").read_text())["gpu_check"]
+lines = [f"{s['name']:40} {s['status']:22} {s['seconds']:5d}s  {s['log']}" for s in steps]
+lines.append(f"\ntotal {check['seconds']} s over {len(steps)} steps; report in {folder}/")
+if check["all_passed"]:
+    lines.append("gpu-check: every step passed")
+elif check["failed"]:
+    lines.append("gpu-check: FAILED: " + ", ".join(check["failed"]))
+else:
+    lines.append("gpu-check: incomplete, not yet run: " + ", ".join(check["not_run"]))
+(folder / "summary.txt").write_text("\n".join(lines) + "\n")
+PYEOF
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo
 echo "gpu-check summary, ${gpu:-GPU}:"

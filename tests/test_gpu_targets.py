@@ -1,0 +1,82 @@
+"""scripts/gpu_targets.py reads a GPU report folder into targets.json: every figure
+from a file of the run, null (with the reason) where a step did not run, and
+"all passed" only when every expected step ran and passed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_targets.py"
+spec = importlib.util.spec_from_file_location("gpu_targets", SCRIPT)
+gpu_targets = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_targets)
+
+
+def decode_row(batch, ctx, ratio, share=None):
+    row = {"batch": batch, "context_len": ctx, "paged_over_contiguous": ratio}
+    if share is not None:
+        row["fraction_of_copy"] = share
+    return row
+
+
+@pytest.fixture
+def report(tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "decode").mkdir()
+    (tmp_path / "nanovllm").mkdir()
+    rows = [
+        decode_row(1, 512, 3.0),  # outside both target regions
+        decode_row(8, 1024, 1.07),
+        decode_row(64, 4096, 1.02, 0.97),
+        decode_row(256, 16384, 1.01, 0.99),
+    ]
+    kernels = {
+        "device": {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "python": "3.12"},
+        "decode": rows,
+        "prefill": {"engine_over_hf": 1.2},
+        "prefill_kernel": {"over_causal_sdpa": 1.4},
+    }
+    (tmp_path / "kernels" / "results.json").write_text(json.dumps(kernels))
+    decode = {"floor_ms": 10.0, "systems": {"pagedkv": {"decode_ms": 12.5}}, "model": "Llama-3-8B"}
+    (tmp_path / "decode" / "results.json").write_text(json.dumps(decode))
+    (tmp_path / "nanovllm" / "a.json").write_text(json.dumps({"model": "Qwen3-0.6B", "tok_s": 9000.0}))
+    (tmp_path / "steps.tsv").write_text("versions\tpass\t3\tversions.txt\nkernel ladder\tpass\t300\tkernels.txt\n")
+    return tmp_path
+
+
+def test_figures_come_from_the_files(report):
+    t = gpu_targets.targets(report, ["versions", "kernel ladder"])
+    assert t["decode_kernel_worst_over_sdpa"] == 1.07
+    assert t["decode_kernel_min_copy_fraction"] == 0.97
+    assert t["prefill_kernel_over_causal_sdpa"] == 1.4
+    assert t["prefill_engine_over_hf_forward"] == 1.2
+    assert t["decode_step_over_floor"] == 1.25
+    assert t["nanovllm_bench_tok_s"] == {"Qwen3-0.6B": 9000.0}
+    assert t["gpu"] == "NVIDIA H100 80GB HBM3" and t["missing"] == {}
+    assert t["gpu_check"] == {"all_passed": True, "seconds": 303, "not_run": [], "failed": []}
+
+
+def test_a_step_not_run_is_not_passed(report):
+    t = gpu_targets.targets(report, ["versions", "kernel ladder", "bench all"])
+    assert not t["gpu_check"]["all_passed"] and t["gpu_check"]["not_run"] == ["bench all"]
+
+
+def test_a_rerun_step_replaces_its_failure(report):
+    with (report / "steps.tsv").open("a") as f:
+        f.write("bench all\tFAIL (exit 1)\t5\tbench.txt\n")
+    assert gpu_targets.targets(report, ["bench all"])["gpu_check"]["failed"] == ["bench all"]
+    with (report / "steps.tsv").open("a") as f:
+        f.write("bench all\tpass\t9\tbench.txt\n")
+    check = gpu_targets.targets(report, ["versions", "kernel ladder", "bench all"])["gpu_check"]
+    assert check["all_passed"] and check["seconds"] == 312
+
+
+def test_missing_figures_are_null_with_a_reason(tmp_path):
+    t = gpu_targets.targets(tmp_path, ["versions"])
+    assert t["decode_step_over_floor"] is None
+    assert "decode_step_over_floor" in t["missing"]
+    assert t["gpu_check"]["all_passed"] is False
