@@ -203,6 +203,23 @@ def test_token_id_prompts_and_several_prompts(server, llm):
     assert [c.index for c in r.choices] == [0, 1]
     assert [c.text for c in r.choices] == [o.text for o in refs]
     assert r.usage.prompt_tokens == 9
+    # vLLM's return_token_ids, plain and streamed
+    extra = {"return_token_ids": True}
+    r = server.client().completions.create(
+        model=MODEL, prompt=ids, max_tokens=8, temperature=0, extra_body=extra
+    )
+    assert [c.model_extra["token_ids"] for c in r.choices] == [
+        o.token_ids for o in refs
+    ]
+    assert [c.model_extra["prompt_token_ids"] for c in r.choices] == ids
+    streamed = {0: [], 1: []}
+    for chunk in server.client().completions.create(
+        model=MODEL, prompt=ids, max_tokens=8, temperature=0, stream=True,
+        extra_body=extra,
+    ):  # fmt: skip
+        for c in chunk.choices:
+            streamed[c.index] += c.model_extra["token_ids"]
+    assert list(streamed.values()) == [o.token_ids for o in refs]
 
 
 def test_streamed_completion_concatenates_to_the_text(server, llm):
@@ -556,6 +573,29 @@ def test_metrics_names(server):
     m = parse_metrics(text)
     assert m["vllm:prompt_tokens_total"] > 0
     assert m["pagedkv:step_duration_seconds_count"] > 0
+
+
+def test_the_online_client_drives_the_server(server, llm, capsys, tmp_path):
+    """`scripts/vllm_client.py`'s client (`pagedkv_lab.bench.online`): the W1
+    trace replayed over HTTP, every request served in full, its tokens equal
+    to `LLM.generate`'s greedy tokens."""
+    from pagedkv_lab.bench.online import build_trace, client_main
+
+    out = tmp_path / "w1.json"
+    client_main(["--url", server.url, "--name", "pagedkv", "--num-requests", "6",
+                 "--max-model-len", "256", "--rate", "inf", "--warmup", "0",
+                 "--out", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert "requests/s" in text and "TTFT p50/p90/p99" in text
+    run = json.loads(out.read_text())["pagedkv"][0]
+    assert run["summary"]["failed"] == 0 and run["summary"]["short"] == 0
+    requests, prompts = build_trace(6, 256, seed=0)
+    refs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        [greedy(r.output_len, ignore_eos=True) for r in requests],
+        use_tqdm=False,
+    )
+    assert [r["token_ids"] for r in run["records"]] == [o.token_ids for o in refs]
 
 
 # ---- the waiting queue and SIGTERM ---------------------------------------------

@@ -25,7 +25,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -62,53 +62,66 @@ from .protocol import (
 class _Choice:
     """One choice of a reply, as it accumulates."""
 
+    prompt: int
     text: str = ""
-    tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    logprobs: list | None = None
+    logprobs: list | dict | None = None
     text_offset: int = 0
     started: bool = False
     ended: bool = False
 
 
+@dataclass
+class _Delta:
+    """What one engine output added to a choice."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list | dict | None
+
+
 class _Reply:
     """Turns a request's outputs into OpenAI's JSON, for a completion or a chat:
-    `update` takes one engine output and returns what it added to each choice;
-    `body` is the whole reply at the end."""
+    `update` takes one engine output and returns what it added to each choice,
+    `chunks` makes the stream chunks of that, `body` the whole reply at the end.
+    With vLLM's ``return_token_ids`` the choices carry their token ids, and the
+    prompt's."""
 
-    def __init__(self, model: str, n: int, logprobs: int | None, chat: bool):
+    def __init__(self, model: str, body, logprobs: int | None, chat: bool):
         self.id = new_id("chatcmpl" if chat else "cmpl")
-        self.created, self.model, self.n = now(), model, n
+        self.created, self.model, self.n = now(), model, body.n
         self.logprobs, self.chat = logprobs, chat
-        self.prompt_tokens: dict[int, int] = {}
+        self.token_ids = bool(body.return_token_ids)
+        self.prompts: dict[int, list[int]] = {}
         self.choices: dict[int, _Choice] = {}
 
     def usage(self) -> dict:
         return usage(
-            sum(self.prompt_tokens.values()),
-            sum(c.tokens for c in self.choices.values()),
+            sum(map(len, self.prompts.values())),
+            sum(len(c.token_ids) for c in self.choices.values()),
         )
 
-    def update(self, index: int, out: RequestOutput) -> list[tuple[int, _Choice, dict]]:
-        """Add prompt ``index``'s output; return ``(choice index, choice, the
-        delta)`` for every choice that got tokens or ended."""
+    def update(self, index: int, out: RequestOutput) -> list[tuple[int, _Delta]]:
+        """Add prompt ``index``'s output; return ``(choice index, delta)`` for
+        every choice that got tokens or ended."""
         if out.finish_reason == "error":
             raise RequestError(
                 out.error or "the request failed", None, 500, "InternalServerError"
             )
-        self.prompt_tokens[index] = len(out.prompt_token_ids)
+        self.prompts[index] = out.prompt_token_ids
         changed = []
         for c in out.outputs:
             i = index * self.n + c.index
-            choice = self.choices.setdefault(i, _Choice())
+            choice = self.choices.setdefault(i, _Choice(index))
             if choice.ended:
                 continue
-            delta = {"text": c.text, "logprobs": None}
+            delta = _Delta(c.text, list(c.token_ids), None)
             if self.logprobs is not None:
-                delta["logprobs"] = self._logprobs(choice, c)
+                delta.logprobs = self._logprobs(choice, c)
             choice.text += c.text
-            choice.tokens += len(c.token_ids)
+            choice.token_ids += c.token_ids
             if c.finish_reason is not None:
                 choice.finish_reason, choice.stop_reason = (
                     c.finish_reason,
@@ -116,7 +129,7 @@ class _Reply:
                 )
                 choice.ended = True
             if c.token_ids or c.text or choice.ended:
-                changed.append((i, choice, delta))
+                changed.append((i, delta))
         return changed
 
     def _logprobs(self, choice: _Choice, c):
@@ -132,41 +145,50 @@ class _Reply:
             choice.logprobs[k] += v
         return piece
 
-    def chunks(self, i: int, choice: _Choice, delta: dict) -> list[dict]:
-        """The stream chunks for one choice's delta."""
+    def _ids(self, item: dict, choice: _Choice, token_ids: list[int], first: bool):
+        if self.token_ids:
+            item["token_ids"] = token_ids
+            if not self.chat:
+                item["prompt_token_ids"] = (
+                    self.prompts[choice.prompt] if first else None
+                )
+        return item
+
+    def chunks(self, i: int, delta: _Delta) -> list[dict]:
+        """The stream chunks of one choice's delta."""
+        choice = self.choices[i]
+        first, choice.started = not choice.started, True
         reason = choice.finish_reason if choice.ended else None
+        stop_reason = choice.stop_reason if reason else None
         if not self.chat:
-            item = completion_choice(
-                i, delta["text"], reason, choice.stop_reason, delta["logprobs"]
-            )
+            item = completion_choice(i, delta.text, reason, stop_reason, delta.logprobs)
+            item = self._ids(item, choice, delta.token_ids, first)
             return [completion_body(self.id, self.created, self.model, [item], None)]
         out = []
-        if not choice.started:
-            choice.started = True
-            first = chat_delta(i, {"role": "assistant", "content": ""})
-            out.append(
-                chat_body(self.id, self.created, self.model, [first], None, True)
-            )
-        content = {"content": delta["text"]} if delta["text"] or not reason else {}
-        item = chat_delta(
-            i,
-            content,
-            reason,
-            choice.stop_reason if reason else None,
-            delta["logprobs"],
-        )
+        if first:
+            role = chat_delta(i, {"role": "assistant", "content": ""})
+            out.append(chat_body(self.id, self.created, self.model, [role], None, True))
+        content = {"content": delta.text} if delta.text or not reason else {}
+        item = chat_delta(i, content, reason, stop_reason, delta.logprobs)
+        item = self._ids(item, choice, delta.token_ids, first)
         out.append(chat_body(self.id, self.created, self.model, [item], None, True))
         return out
 
     def body(self) -> dict:
         """The whole reply, choices in index order."""
-        items = []
-        for i in sorted(self.choices):
-            c = self.choices[i]
-            make = chat_choice if self.chat else completion_choice
-            items.append(make(i, c.text, c.finish_reason, c.stop_reason, c.logprobs))
+        make = chat_choice if self.chat else completion_choice
+        items = [
+            self._ids(
+                make(i, c.text, c.finish_reason, c.stop_reason, c.logprobs),
+                c, c.token_ids, True,
+            )
+            for i, c in sorted(self.choices.items())
+        ]  # fmt: skip
         if self.chat:
-            return chat_body(self.id, self.created, self.model, items, self.usage())
+            out = chat_body(self.id, self.created, self.model, items, self.usage())
+            if self.token_ids:
+                out["prompt_token_ids"] = self.prompts[0]
+            return out
         return completion_body(self.id, self.created, self.model, items, self.usage())
 
 
@@ -184,8 +206,8 @@ async def _events(
     try:
         try:
             async for index, out in stream:
-                for i, choice, delta in reply.update(index, out):
-                    for chunk in reply.chunks(i, choice, delta):
+                for i, delta in reply.update(index, out):
+                    for chunk in reply.chunks(i, delta):
                         if continuous:
                             chunk["usage"] = reply.usage()
                         yield _sse(chunk)
@@ -324,7 +346,7 @@ def build_app(
         params = body.to_sampling_params()
         arrival = time.perf_counter()
         stream = await engine.submit(prompts, params, arrival)
-        reply = _Reply(model, params.n, params.logprobs, chat)
+        reply = _Reply(model, body, params.logprobs, chat)
         if body.stream:
             events = _events(reply, stream, engine, body.stream_options)
             return StreamingResponse(events, media_type="text/event-stream")

@@ -91,6 +91,8 @@ class _SamplingRequest(_Body):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: the choices carry their token ids (and the prompt's).
+    return_token_ids: bool | None = None
 
     def _params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """The engine's parameters (streamed as deltas), or a RequestError."""
