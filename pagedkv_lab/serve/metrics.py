@@ -1,31 +1,30 @@
 """``GET /metrics``: the server's state in Prometheus's text format.
 
-Names follow vLLM's (``vllm/v1/metrics/loggers.py``, ``PrometheusStatLogger``)
-where the quantity is the same, so a dashboard built for ``vllm serve`` reads
-this server too; every sample carries vLLM's labels ``model_name`` and
-``engine``. Quantities vLLM has no metric for are named ``pagedkv:...``.
+Names follow vLLM 0.32's (``PrometheusStatLogger`` in
+``vllm/v1/metrics/loggers.py``) where the quantity is the same, so a dashboard
+built for ``vllm serve`` reads this server too; every sample carries vLLM's
+labels ``model_name`` and ``engine``. Quantities vLLM has no metric for are
+named ``pagedkv:...``.
 
-======================================  =========  =====================================
-metric                                  type       meaning
-======================================  =========  =====================================
-vllm:num_requests_running               gauge      requests in the running batch
-vllm:num_requests_waiting               gauge      requests waiting for the engine
-vllm:kv_cache_usage_perc                gauge      share of KV blocks in use (0 to 1)
-pagedkv:kv_blocks_total / _used / _free gauge      the pool, in blocks (cached-free
-                                                   prefix blocks count as free)
-vllm:prefix_cache_queries_total         counter    prompt tokens looked up in the prefix cache
-vllm:prefix_cache_hits_total            counter    of those, tokens found cached
-pagedkv:prefix_cache_hit_rate           gauge      hits / queries since the start
-vllm:num_preemptions_total              counter    requests preempted
-vllm:prompt_tokens_total                counter    prompt tokens of requests that started
-vllm:generation_tokens_total            counter    tokens generated
-vllm:request_success_total              counter    finished requests, by ``finished_reason``
-vllm:time_to_first_token_seconds        histogram  from arrival at the server to the first token
-vllm:time_per_output_token_seconds      histogram  mean gap between a request's tokens
-vllm:e2e_request_latency_seconds        histogram  from arrival to the last token
-vllm:iteration_tokens_total             histogram  tokens computed per engine step
-pagedkv:step_duration_seconds           histogram  wall time of one engine step
-======================================  =========  =====================================
+Gauges:
+
+* ``vllm:num_requests_running``, ``vllm:num_requests_waiting``: the queues;
+* ``vllm:kv_cache_usage_perc``: the share of KV blocks in use (0 to 1);
+* ``pagedkv:kv_blocks_total``, ``_used``, ``_free``: the pool, in blocks
+  (cached-free prefix blocks count as free);
+* ``pagedkv:prefix_cache_hit_rate``: hits over queries, in tokens.
+
+Counters: ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total``
+(prompt tokens looked up in the prefix cache, and found),
+``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total``,
+``vllm:generation_tokens_total``, ``vllm:request_success_total`` (by
+``finished_reason``).
+
+Histograms: ``vllm:time_to_first_token_seconds`` (from arrival at the server),
+``vllm:request_time_per_output_token_seconds`` (a request's mean gap between
+tokens), ``vllm:e2e_request_latency_seconds``, ``vllm:iteration_tokens_total``
+(tokens computed per engine step) and ``pagedkv:step_duration_seconds`` (the
+wall time of one step).
 
 The engine's side is read between steps, by the engine loop's worker thread,
 into an `EngineSnapshot`; rendering never touches the engine.
@@ -249,9 +248,9 @@ class ServerMetrics:
                 "Histogram of time to first token in seconds.",
             ),
             (
-                "vllm:time_per_output_token_seconds",
+                "vllm:request_time_per_output_token_seconds",
                 self.tpot,
-                "Histogram of time per output token in seconds.",
+                "Histogram of time_per_output_token_seconds per request.",
             ),
             (
                 "vllm:e2e_request_latency_seconds",
