@@ -24,7 +24,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from pagedkv_lab import LLM, SamplingParams  # noqa: E402
+from pagedkv_lab import LLM, RequestOutputKind, SamplingParams  # noqa: E402
 from pagedkv_lab.serve.metrics import parse_metrics  # noqa: E402
 
 MODEL = "tiny-llama"
@@ -596,6 +596,42 @@ def test_the_online_client_drives_the_server(server, llm, capsys, tmp_path):
         use_tqdm=False,
     )
     assert [r["token_ids"] for r in run["records"]] == [o.token_ids for o in refs]
+
+
+def test_engine_loop_survives_what_a_request_breaks(llm, monkeypatch):
+    """In-process, without HTTP: a chat template that raises fails its own
+    request with a 400 and the loop goes on serving."""
+    import asyncio
+
+    from pagedkv_lab.serve import EngineLoop, RequestError
+    from pagedkv_lab.serve.metrics import ServerMetrics
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("roles must alternate")
+
+    monkeypatch.setattr(llm.tokenizer, "apply_chat_template", broken)
+    params = SamplingParams(
+        temperature=0, max_tokens=5, output_kind=RequestOutputKind.DELTA
+    )
+
+    async def run():
+        loop = EngineLoop(llm, ServerMetrics(MODEL, llm.max_model_len))
+        await loop.start()
+        try:
+            chat = [{"messages": [{"role": "user", "content": "Hi"}]}]
+            with pytest.raises(RequestError) as err:
+                await loop.submit(chat, params, time.perf_counter())
+            assert err.value.status == 400 and err.value.param == "messages"
+            assert "roles must alternate" in err.value.message
+            stream = await loop.submit(
+                [{"prompt": "Hello"}], params, time.perf_counter()
+            )
+            tokens = [t async for _, out in stream for t in out.outputs[0].token_ids]
+            assert loop.error is None and len(tokens) == 5
+        finally:
+            await loop.shutdown()
+
+    asyncio.run(run())
 
 
 # ---- the waiting queue and SIGTERM ---------------------------------------------

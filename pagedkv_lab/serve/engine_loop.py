@@ -309,7 +309,9 @@ class EngineLoop:
         return outputs, self._read_engine(), seconds
 
     def _add(self, sub: _Submission) -> None:
-        """Add every prompt of ``sub`` to the engine, or none of them."""
+        """Add every prompt of ``sub`` to the engine, or none of them. Whatever
+        the engine, the tokenizer or a chat template refuses is the request's
+        fault (a 400), never the loop's."""
         added = []
         try:
             for rid, prompt in zip(sub.stream.request_ids, sub.prompts):
@@ -317,12 +319,13 @@ class EngineLoop:
                 self._check_length(prompt["prompt_token_ids"], sub.params)
                 self.llm.add_request(rid, prompt, sub.params)
                 added.append(rid)
-        except (ValueError, RequestError) as err:
+        except Exception as err:
             for rid in added:
                 self.llm.abort(rid)
             if isinstance(err, RequestError):
                 raise
-            raise RequestError(str(err), "prompt") from None
+            param = "messages" if "messages" in sub.prompts[0] else "prompt"
+            raise RequestError(str(err), param) from None
 
     def _tokenize(self, prompt: dict) -> dict:
         """The prompt with its token ids (a chat through the chat template)."""
