@@ -639,7 +639,8 @@ def test_engine_loop_survives_what_a_request_breaks(llm, monkeypatch):
 
 def _open_stream(client: httpx.Client, s: Server, max_tokens: int):
     body = {"model": MODEL, "prompt": "Hello", "max_tokens": max_tokens,
-            "ignore_eos": True, "temperature": 0, "stream": True}  # fmt: skip
+            "ignore_eos": True, "temperature": 0, "stream": True,
+            "return_token_ids": True}  # fmt: skip
     request = client.build_request("POST", f"{s.url}/v1/completions", json=body)
     return client.send(request, stream=True)
 
@@ -647,7 +648,7 @@ def _open_stream(client: httpx.Client, s: Server, max_tokens: int):
 def test_full_waiting_queue_is_503(small_server):
     s = small_server
     with httpx.Client(timeout=60) as http:
-        running = _open_stream(http, s, 1500)
+        running = _open_stream(http, s, 2000)
         lines = running.iter_lines()  # kept: dropping the iterator closes the stream
         next(line for line in lines if line.startswith("data:"))
         waiting = [_open_stream(http, s, 4) for _ in range(2)]
@@ -667,9 +668,9 @@ def test_full_waiting_queue_is_503(small_server):
 def test_sigterm_finishes_in_flight_and_exits_0(small_server):
     s = small_server
     with httpx.Client(timeout=60) as http:
-        stream = _open_stream(http, s, 300)
+        stream = _open_stream(http, s, 600)
         lines = stream.iter_lines()
-        next(line for line in lines if line.startswith("data:"))
+        first = next(line for line in lines if line.startswith("data:"))
         s.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 30
         while True:  # new connections are refused at once
@@ -684,7 +685,11 @@ def test_sigterm_finishes_in_flight_and_exits_0(small_server):
             for x in lines
             if x.startswith("data:") and "[DONE]" not in x
         ]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # the request in flight got every one of its tokens
+    tokens = sum(
+        len(c["choices"][0]["token_ids"]) for c in [json.loads(first[5:]), *chunks]
+    )
+    assert tokens == 600 and chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert s.proc.wait(60) == 0, s.log.read_text()[-3000:]
     assert "Traceback" not in s.log.read_text()
 

@@ -517,6 +517,7 @@ def online_main(args) -> None:
             port = _free_port()
             cmd = online_commands(args, model_dir, port, vllm=name == "vllm")
             log = Path(args.log_dir or tmp) / f"{name}-server.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
             server = LaunchedServer(name, cmd, env, log, port)
             try:
                 start = time.perf_counter()

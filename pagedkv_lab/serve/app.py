@@ -89,7 +89,13 @@ class _Reply:
     With vLLM's ``return_token_ids`` the choices carry their token ids, and the
     prompt's."""
 
-    def __init__(self, model: str, body, logprobs: int | None, chat: bool):
+    def __init__(
+        self,
+        model: str,
+        body: CompletionRequest | ChatCompletionRequest,
+        logprobs: int | None,
+        chat: bool,
+    ):
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created, self.model, self.n = now(), model, body.n
         self.logprobs, self.chat = logprobs, chat
