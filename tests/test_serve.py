@@ -115,12 +115,14 @@ _small: dict[str, Server] = {}
 
 @pytest.fixture
 def small_server(tmp_path_factory):
-    """One running sequence, two waiting at most; restarted if a test stopped it."""
+    """One running sequence, two waiting at most, prefix caching on; restarted
+    if a test stopped it."""
     s = _small.get("server")
     if s is None or s.proc.poll() is not None:
         log = tmp_path_factory.mktemp("serve-small") / "server.log"
         s = _small["server"] = Server(
             "--max-num-seqs", "1", "--max-waiting", "2", "--shutdown-timeout", "60",
+            "--enable-prefix-caching",
             log=log,
         )  # fmt: skip
     yield s
@@ -663,6 +665,27 @@ def test_full_waiting_queue_is_503(small_server):
                    and m["pagedkv:kv_blocks_used"] == 0)  # fmt: skip
     ok = _post(s, "/v1/completions", json={"model": MODEL, "prompt": "Hi"})
     assert ok.status_code == 200
+
+
+def test_prefix_cache_metrics(small_server):
+    s = small_server
+    prompt = list(range(3, 103))  # 100 tokens: 6 full blocks of 16
+    before = s.metrics()
+    for _ in range(2):
+        reply = _post(s, "/v1/completions", json={"prompt": prompt, "max_tokens": 2})
+        assert reply.status_code == 200
+    after = s.metrics()
+    hits = (
+        after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    )
+    queries = (
+        after["vllm:prefix_cache_queries_total"]
+        - before["vllm:prefix_cache_queries_total"]
+    )
+    assert hits == 96 and queries == 200  # the second request found 6 blocks cached
+    assert 0 < after["pagedkv:prefix_cache_hit_rate"] <= 1
+    # cached-free blocks can be handed out: they count as free, not used
+    assert after["pagedkv:kv_blocks_used"] == 0
 
 
 def test_sigterm_finishes_in_flight_and_exits_0(small_server):
