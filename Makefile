@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "torch==2.13.0"
 
 setup: $(BIN)/python
-	$(BIN)/pip install -q -e ".[book,dev]"
+	$(BIN)/pip install -q -e ".[book,dev,serve]"
 
 book: setup  ## build the site from the committed outputs into _build/html
 	$(BIN)/jupyter-book build . -W --keep-going

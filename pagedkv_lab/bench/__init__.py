@@ -2,6 +2,7 @@
 
     python -m pagedkv_lab.bench kernel      # paged vs contiguous decode attention
     python -m pagedkv_lab.bench serve       # our engine vs transformers, one trace, one KV budget
+    python -m pagedkv_lab.bench online      # our HTTP server vs vllm serve, one client
     python -m pagedkv_lab.bench all --out report/   # everything, into a report folder
 
 Results are ratios measured in the same process, on the machine at hand, never
@@ -19,6 +20,8 @@ The package, one module per part, none importing the CLI or the report:
 * `common`: what every served system shares (`ServeSetup`, the traces);
 * `peers`: `transformers`' `generate` and continuous batching, and vLLM;
 * `serve`: `serve_benchmark`, this engine against the peers, and its tables;
+* `online`: one HTTP client for our server and ``vllm serve`` (``bench online``,
+  ``scripts/vllm_client.py``; book/serving.md);
 * `report`: the sections of ``bench all`` and the report folder (chapter 10);
 * `cli`: ``python -m pagedkv_lab.bench``.
 

@@ -9,6 +9,7 @@ import torch
 
 from .common import ALL_SYSTEMS, SYSTEMS, cpu_model, scaled_chat_trace
 from .kernel import kernel_benchmark, print_kernel_table
+from .online import add_online_parser, online_main
 from .peers import find_vllm_python
 from .serve import plot_serve, print_serve_table, serve_benchmark, serve_title
 
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     kp.add_argument("--device", default=None)
     _add_serve_parser(sub)
+    add_online_parser(sub)
     ap = sub.add_parser(
         "all", help="every benchmark, written to a report folder (see report.py)"
     )
@@ -289,6 +291,8 @@ def main(argv: list[str] | None = None) -> None:
             print("Kernel bandwidth against a plain copy needs a CUDA GPU.")
     elif args.command == "serve":
         _serve_main(args, device)
+    elif args.command == "online":
+        online_main(args)
     elif args.command == "all":
         import sys
 
