@@ -29,7 +29,8 @@ def cache_bytes_per_token(name: str) -> int:
     return total // cache.get_seq_length()
 
 
-# Exercise 2: tiny-llama stores the most, 512 bytes per token (2 layers x 2 KV heads x
-# 16 x 4 bytes x K and V). tiny-qwen2 and tiny-mistral store 256 each, with different
-# shapes: Qwen2's six query heads share one KV head of 16 numbers, and Mistral keeps two
-# KV heads of only 8. The number and width of KV heads, not of query heads, size the cache.
+# Exercise 2: tiny-llama stores the most, 512 bytes per token (2 layers x 2 KV
+# heads x 16 x 4 bytes x K and V). tiny-qwen2 and tiny-mistral store 256 each,
+# with different shapes: Qwen2's six query heads share one KV head of 16
+# numbers, and Mistral keeps two KV heads of only 8. The number and width of KV
+# heads, not of query heads, size the cache.
