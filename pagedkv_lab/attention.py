@@ -99,7 +99,6 @@ def _check_paged_args(q, k_cache, v_cache, block_tables, context_lens) -> None:
             f"block_tables name blocks outside the cache's {num_blocks} blocks"
         )
 
-
 def gather_kv(
     k_cache, v_cache, block_tables, num_blocks: int | None = None, workspace=None
 ):
@@ -169,7 +168,6 @@ def _decode_gathered(
     )
     return out[:, :, 0, :]
 
-
 def paged_decode_torch(
     q,
     k_cache,
@@ -231,7 +229,6 @@ def _check_prefill_args(
             "each sequence needs 0 <= queries <= context length "
             f"(queries {q_lens.tolist()}, context {context_lens.tolist()})"
         )
-
 
 def paged_prefill_torch(
     q,
@@ -316,34 +313,15 @@ if triton is not None:
 
     @triton.jit
     def _paged_decode_kernel(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        block_tables_ptr,
-        context_lens_ptr,
-        out_ptr,
-        lse_ptr,
-        scale,
-        stride_q_seq,
-        stride_q_head,
-        stride_k_block,
-        stride_k_slot,
-        stride_k_head,
-        stride_bt_seq,
-        stride_bt_block,
-        stride_len,
-        stride_o_seq,
-        stride_o_head,
-        stride_o_part,
-        num_heads,
-        num_parts,
-        blocks_per_part,
-        GROUP: tl.constexpr,
-        GROUP_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        DIM_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-    ):
+        q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
+        scale, stride_q_seq, stride_q_head,
+        stride_k_block, stride_k_slot, stride_k_head,
+        stride_bt_seq, stride_bt_block, stride_len,
+        stride_o_seq, stride_o_head, stride_o_part,
+        num_heads, num_parts, blocks_per_part,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    ):  # fmt: skip
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         part = tl.program_id(2)
@@ -376,7 +354,7 @@ if triton is not None:
             )
             kv_mask = t_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0).to(tl.float32)
-            # scores [GROUP_PAD, BLOCK_SIZE]: multiply and sum, on CUDA cores
+            # scores [GROUP_PAD, BLOCK_SIZE]: multiply and sum, on the CUDA cores
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
             s = tl.where(t_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -386,9 +364,24 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
             norm = norm * alpha + tl.sum(p, axis=1)
             m = m_new
+        _first_kernel_store(
+            out_ptr, lse_ptr, acc, m, norm, seq, heads, part, q_mask, g_ok,
+            stride_o_seq, stride_o_head, stride_o_part, num_heads, num_parts, DIM_PAD,
+        )  # fmt: skip
 
+if triton is not None:
+
+    @triton.jit
+    def _first_kernel_store(
+        out_ptr, lse_ptr, acc, m, norm, seq, heads, part, q_mask, g_ok,
+        stride_o_seq, stride_o_head, stride_o_part, num_heads, num_parts,
+        DIM_PAD: tl.constexpr,
+    ):  # fmt: skip
+        """A program's answer: each head's normalised output for its partition,
+        and the partition's lse for the merge (-inf when it saw no key)."""
         nonempty = norm > 0  # a partition past a short sequence's end has no keys
         safe_norm = tl.where(nonempty, norm, 1.0)
+        d = tl.arange(0, DIM_PAD)
         out_offs = (
             seq * stride_o_seq
             + heads[:, None] * stride_o_head
@@ -743,8 +736,6 @@ if triton is not None:
         TILE_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr, UPCAST: tl.constexpr,
         DOT: tl.constexpr, RUN: tl.constexpr, MASK_EVERY_TILE: tl.constexpr,
     ):  # fmt: skip
-        # grid (query blocks, KV heads, segments); one program: BLOCK_Q positions
-        # x GROUP heads (BLOCK_M rows) against one segment of the keys they see
         pid, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         seq = _find_sequence(query_start_ptr, num_seqs, pid, BLOCK_Q)
         q_start = tl.load(query_start_ptr + seq)
@@ -951,7 +942,6 @@ def paged_attention_tiled(
     num_warps: int | None = None, num_stages: int | None = None, **switches,
 ) -> torch.Tensor:  # fmt: skip
     """Paged attention with the tiled Triton kernel, decode and prefill alike.
-
     Without ``query_start_loc``: decode, one query per sequence (the contract of
     `paged_decode_torch`); with it, causal varlen prefill (`paged_prefill_torch`),
     prefix-cache hits and chunks included. ``num_segments``, ``tile_sizes``,
@@ -959,8 +949,7 @@ def paged_attention_tiled(
     `tiled_launch`, `tuned_launch`, Triton's defaults); ``switches`` override
     `TILED_SWITCHES` (``dot``, ``mask_every_tile``, ``block_runs``,
     ``fused_merge``). Launches one kernel, and a merge when the keys are split;
-    reads nothing back from the GPU.
-    """
+    reads nothing back from the GPU."""
     _check_triton_args(q, k_cache, v_cache, block_tables, context_lens, any_block=True)
     decode = query_start_loc is None
     if check and decode:
@@ -1138,7 +1127,6 @@ def _build_key(compiler: str) -> str:
     parts += [platform.machine().encode(), cpu.encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
-
 def build_cpu_kernel(verbose: bool = False) -> Path:
     """Compile the C++ kernel into the cache unless it is there; return its path.
 
@@ -1203,7 +1191,6 @@ def cpu_decode_partitions(num_seqs: int, max_tokens: int, threads: int) -> int:
         return 1
     return max(1, min(-(-2 * threads // max(num_seqs, 1)), max_tokens // 256))
 
-
 def paged_attention_cpu(
     q,
     k_cache,
@@ -1213,12 +1200,10 @@ def paged_attention_cpu(
     query_start_loc=None,
     scale: float | None = None,
 ) -> torch.Tensor | None:
-    """The C++ kernel: decode (``query_start_loc`` None) or causal varlen prefill.
-
-    Arguments as `paged_decode_torch` / `paged_prefill_torch`, already checked.
-    Returns None when the kernel cannot take them (no compiler, a head size that
-    is not a multiple of 16 or above 256, another dtype or device).
-    """
+    """The C++ kernel: decode (``query_start_loc`` None) or causal varlen prefill,
+    arguments as `paged_decode_torch` / `paged_prefill_torch`, already checked.
+    None when the kernel cannot take them (no compiler, a head size that is not
+    a multiple of 16 or above 256, another dtype or device)."""
     fn = load_cpu_kernel()
     seqs, heads, head_dim = len(context_lens), q.shape[1], q.shape[2]
     _, block_size, kv_heads, _ = k_cache.shape
@@ -1293,7 +1278,6 @@ def paged_decode(
     return paged_decode_torch(
         q, k_cache, v_cache, block_tables, context_lens, scale, workspace, False
     )
-
 
 def paged_prefill(
     q,
