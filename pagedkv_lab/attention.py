@@ -598,7 +598,8 @@ if triton is not None:
         summed by `tl.sum` ([BLOCK_M, TILE_N, DIM_PAD] products, CUDA cores)."""
         if DOT:
             return _dot(q, tl.trans(k), UPCAST)
-        return tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        products = q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :]
+        return tl.sum(products, axis=2)
 
     @triton.jit
     def _weighted_values(p, v, DOT: tl.constexpr, UPCAST: tl.constexpr):
@@ -609,7 +610,9 @@ if triton is not None:
         return tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
 
     @triton.jit
-    def _online_softmax_step(s, v, m, norm, acc, DOT: tl.constexpr, UPCAST: tl.constexpr):
+    def _online_softmax_step(
+        s, v, m, norm, acc, DOT: tl.constexpr, UPCAST: tl.constexpr
+    ):
         """One tile of the recurrence, in base 2. ``s`` [BLOCK_M, TILE_N]: scores
         times log2(e), -inf where a key is not visible; ``v`` [TILE_N, DIM_PAD]."""
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -646,9 +649,13 @@ if triton is not None:
                 run_pos = tile * TILE_N + tl.arange(0, N_RUNS) * RUN
                 ptrs = table + (run_pos // BLOCK_SIZE) * stride_bt_block
                 runs = tl.load(ptrs, mask=run_pos < kv_len, other=0)
-                block = tl.reshape(tl.broadcast_to(runs[:, None], (N_RUNS, RUN)), (TILE_N,))
-        slot = block.to(tl.int64) * stride_k_block + (key_pos % BLOCK_SIZE) * stride_k_slot
+                runs = tl.broadcast_to(runs[:, None], (N_RUNS, RUN))
+                block = tl.reshape(runs, (TILE_N,))
+        slot = block.to(tl.int64) * stride_k_block
+        slot += (key_pos % BLOCK_SIZE) * stride_k_slot
         return key_pos, slot
+
+if triton is not None:
 
     @triton.jit
     def _attend_tiles(
@@ -675,7 +682,8 @@ if triton is not None:
             v = tl.load(v_ptr + offs, mask=kv_mask, other=0.0)
             s = _scores(q, k, DOT, UPCAST) * qk_scale
             if MASKED:
-                visible = (key_pos[None, :] <= position[:, None]) & (key_pos < kv_len)[None, :]
+                visible = key_pos[None, :] <= position[:, None]
+                visible &= (key_pos < kv_len)[None, :]
                 s = tl.where(visible, s, float("-inf"))
             m, norm, acc = _online_softmax_step(s, v, m, norm, acc, DOT, UPCAST)
         return m, norm, acc
@@ -699,7 +707,8 @@ if triton is not None:
         d = tl.arange(0, DIM_PAD)
         offs = tokens[:, None] * stride_q_tok + heads[:, None] * stride_q_head
         mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
-        return tl.load(q_ptr + offs + d[None, :], mask=mask, other=0.0), tokens, heads, row_ok
+        q = tl.load(q_ptr + offs + d[None, :], mask=mask, other=0.0)
+        return q, tokens, heads, row_ok
 
     @triton.jit
     def _store_rows(
@@ -751,8 +760,6 @@ if triton is not None:
         )  # fmt: skip
         position = prefix + tokens - q_start  # a row sees keys at positions <= it
 
-        # the keys any row here sees, in tiles, split evenly among the segments:
-        # the loop stops at the diagonal; the tiles past it are never read
         kv_len = tl.minimum(context_len, prefix + first_q + BLOCK_Q)
         num_tiles = tl.cdiv(kv_len, TILE_N)
         per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
@@ -765,11 +772,13 @@ if triton is not None:
         kv_offset = kv_head * stride_k_head
         masked_from = lo  # MASK_EVERY_TILE: every tile is masked
         if not MASK_EVERY_TILE:  # tiles that every row sees whole need no mask
-            masked_from = tl.minimum(hi, tl.maximum(lo, (prefix + first_q + 1) // TILE_N))
+            whole = (prefix + first_q + 1) // TILE_N  # tiles before the diagonal
+            masked_from = tl.minimum(hi, tl.maximum(lo, whole))
             m, norm, acc = _attend_tiles(
                 q, m, norm, acc, lo, masked_from, kv_len, position, table, k_ptr,
                 v_ptr, kv_offset, stride_bt_block, stride_k_block, stride_k_slot,
-                qk_scale, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE_N, RUN, False, DOT, UPCAST,
+                qk_scale, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE_N, RUN, False, DOT,
+                UPCAST,
             )  # fmt: skip
         m, norm, acc = _attend_tiles(
             q, m, norm, acc, masked_from, hi, kv_len, position, table, k_ptr, v_ptr,
@@ -872,7 +881,8 @@ def tuned_launch(device_name: str, kind: str) -> dict:
         return {}
     found = devices.get(device_name, {}).get(kind, {})
     keep = ("tile_sizes", "num_warps", "num_stages")
-    return {k: tuple(v) if k == "tile_sizes" else v for k, v in found.items() if k in keep}
+    found = {k: v for k, v in found.items() if k in keep}
+    return {k: tuple(v) if k == "tile_sizes" else v for k, v in found.items()}
 
 #: The tiled kernel's switches by launch. Decode keeps what the H100 run measured
 #: (`book/reports/h100/kernel_decode_after.txt`): products on the tensor cores,
@@ -970,8 +980,8 @@ def paged_attention_tiled(
     grid, constants, launch = _tiled_plan(
         q, k_cache, block_tables, decode, tile_sizes, num_segments, switches
     )
-    launch.update({k: v for k, v in [("num_warps", num_warps),
-                                     ("num_stages", num_stages)] if v is not None})  # fmt: skip
+    asked = {"num_warps": num_warps, "num_stages": num_stages}
+    launch.update({k: v for k, v in asked.items() if v is not None})
     segments = constants["NUM_SEGMENTS"]
     shape = (num_tokens, heads, segments)
     # one segment: the program's answer is final, stored in q's dtype, no lse

@@ -114,19 +114,20 @@ def plot_q_block_and_tiles(group: int, block_q: int, block_size: int, tile_n: in
     per_tile = tile_n // block_size
     for j, phys in enumerate(table[:per_tile]):
         y = 2.2
-        ax.add_patch(Rectangle((j * 1.05, y), 1, 0.7, color=TILE_WHOLE))
-        ax.text(j * 1.05 + 0.5, y + 0.35, f"keys {j * block_size}-{(j + 1) * block_size - 1}",
+        ax.add_patch(Rectangle((j * 1.9, y), 1.8, 0.7, color=TILE_WHOLE))
+        ax.text(j * 1.9 + 0.9, y + 0.35, f"keys {j * block_size}-{(j + 1) * block_size - 1}",
                 ha="center", va="center", color="w", fontsize=7)  # fmt: skip
-        ax.add_patch(FancyArrowPatch((j * 1.05 + 0.5, y), (int(phys) * 0.2 + 0.1, 0.55),
+        ax.text(j * 1.9 + 0.9, y - 0.2, f"block {int(phys)}", ha="center", fontsize=6.5)
+        ax.add_patch(FancyArrowPatch((j * 1.9 + 0.9, y), (int(phys) * 0.2 + 0.1, 0.55),
                                      arrowstyle="->", mutation_scale=9, color=SERIES[1]))  # fmt: skip
     pool = max(int(b) for b in table) + 2
     for b in range(pool):
         color = COLORS["used"] if b in [int(x) for x in table[:per_tile]] else COLORS["free"]
         ax.add_patch(Rectangle((b * 0.2, 0), 0.17, 0.5, color=color))
-    ax.text(0, 3.15, f"one tile = {tile_n} keys = {per_tile} blocks of {block_size}",
-            fontsize=8)  # fmt: skip
+    ax.text(0, 3.15, f"one tile = {tile_n} keys = {per_tile} blocks of {block_size}"
+            " (key positions in the boxes)", fontsize=8)  # fmt: skip
     ax.text(0, -0.45, "the pool: the tile's blocks lie anywhere", fontsize=8)
-    ax.set_xlim(-0.1, max(per_tile * 1.05, pool * 0.2) + 0.1)
+    ax.set_xlim(-0.1, max(per_tile * 1.9, pool * 0.2) + 0.1)
     ax.set_ylim(-0.7, 3.5)
     ax.axis("off")
     ax.set_title("a tile spans several blocks\n(each key's block looked up)", fontsize=9)
@@ -139,15 +140,17 @@ def plot_q_block_and_tiles(group: int, block_q: int, block_size: int, tile_n: in
         for kind, tiles in ((TILE_WHOLE, whole), (TILE_MASKED, masked), (TILE_SKIPPED, skipped)):
             for t in tiles:
                 ax.add_patch(Rectangle((t, n_blocks_q - 1 - i), 0.92, 0.85, color=kind))
-    for color, label in ((TILE_WHOLE, "read whole, no mask"),
-                         (TILE_MASKED, "diagonal: read, masked"),
-                         (TILE_SKIPPED, "past the diagonal: never read")):  # fmt: skip
-        ax.add_patch(Rectangle((0, 0), 0, 0, color=color, label=label))
+    handles = [Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="#888888") for c in
+               (TILE_WHOLE, TILE_MASKED, TILE_SKIPPED)]  # fmt: skip
+    labels = ["read whole, no mask", "diagonal: read, masked", "past it: never read"]
+    ax.legend(handles, labels, fontsize=7, loc="upper right")
     ax.set_xlim(0, n_tiles)
     ax.set_ylim(0, n_blocks_q)
+    ax.set_xticks([t + 0.46 for t in range(n_tiles)], range(n_tiles))
+    shown = range(0, n_blocks_q, max(1, n_blocks_q // 8))
+    ax.set_yticks([n_blocks_q - 1 - i + 0.42 for i in shown], list(shown))
     ax.set_xlabel(f"key tile ({tile_n} keys)")
-    ax.set_ylabel(f"Q-block ({prefill_block_q} positions)")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.set_ylabel(f"Q-block ({prefill_block_q} positions each)")
     ax.grid(False)
     ax.set_title(f"prefill of {prompt} tokens: which tiles\neach Q-block reads",
                  fontsize=9)  # fmt: skip
