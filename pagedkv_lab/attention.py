@@ -871,6 +871,13 @@ TUNED_TILES = Path(
 
 
 @functools.cache
+def _card(device_index: int) -> tuple[tuple[int, int], str]:
+    """A GPU's compute capability and name, read once (launches stay cheap)."""
+    props = torch.cuda.get_device_properties(device_index)
+    return (props.major, props.minor), props.name
+
+
+@functools.cache
 def tuned_launch(device_name: str, kind: str) -> dict:
     """The committed winner for ``device_name`` (as `torch.cuda.get_device_name`
     says it) and ``kind`` ("decode" or "prefill"): any of ``tile_sizes``,
@@ -919,12 +926,10 @@ def _tiled_plan(q, k_cache, block_tables, decode, tile_sizes, num_segments, swit
     _, block_size, kv_heads, _ = k_cache.shape
     group_pad = triton.next_power_of_2(heads // kv_heads)
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    capability = None if interpreting else torch.cuda.get_device_capability(q.device)
+    capability, name = (None, "") if interpreting else _card(q.device.index or 0)
     tiles, upcast = tiled_launch(q.dtype, capability, decode)
-    tuned = {}
-    if not interpreting:
-        name = torch.cuda.get_device_name(q.device)
-        tuned = tuned_launch(name, "decode" if decode else "prefill")
+    kind = "decode" if decode else "prefill"
+    tuned = {} if interpreting else tuned_launch(name, kind)
     block_m, tile_n = tile_sizes or tuned.get("tile_sizes", tiles)
     tile_n = max(16, tile_n)
     # tl.dot takes 16 rows at least; tl.sum any (2: no tensor of one element)
