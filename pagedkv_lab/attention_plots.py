@@ -169,8 +169,11 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     rows = [r for r in rows if r["kind"] == kind]
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     rungs = sorted({r["rung"] for r in rows})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(3.1 * len(shapes), 3.9),
+    ncols = 2 if len(shapes) == 4 else len(shapes)  # four panels: two rows of two
+    nrows = -(-len(shapes) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows + 0.5),
                              sharey=kind == "prefill", squeeze=False)  # fmt: skip
+    axes = [list(axes.flat)]
     ratio_key = "over_contiguous" if kind == "decode" else "over_causal_sdpa"
     for ax, shape in zip(axes[0], shapes):
         mine = {r["rung"]: r for r in rows if r["shape"] == shape}
@@ -190,8 +193,10 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
                 continue
             color = MEASURED_LAUNCHED if r.get("timed") == "launched" else MEASURED_KERNEL
             ax.bar(i, value, color=color, width=0.7)
-            ax.text(i, value + top * 0.02, f"{r[ratio_key]:.2f}x", ha="center",
-                    va="bottom", fontsize=7, rotation=90)  # fmt: skip
+            inside = value > top * 0.3  # the label inside a tall bar, else above it
+            ax.text(i, value + (-1 if inside else 1) * top * 0.02, f"{r[ratio_key]:.2f}x",
+                    ha="center", va="top" if inside else "bottom", fontsize=7.5,
+                    rotation=90, color="white" if inside else "black")  # fmt: skip
         if kind == "decode":
             copy = [r["copy_GBps"] for r in mine.values() if r.get("copy_GBps")]
             if copy:
@@ -204,9 +209,11 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
             ax.set_ylim(0, top * 1.35)
             ax.set_title(f"{shape[0]} prompts x {shape[1]:,} tokens", fontsize=9)
         ax.set_xticks(rungs)
+        ax.set_xlim(min(rungs) - 0.6, max(rungs) + 0.6)
         ax.set_xlabel("rung")
         ax.grid(axis="x", visible=False)
-    axes[0][0].set_ylabel("GB/s of K/V" if kind == "decode" else "time / causal SDPA")
+    for ax in axes[0][::ncols]:
+        ax.set_ylabel("GB/s of K/V" if kind == "decode" else "time / causal SDPA")
     handles = [Rectangle((0, 0), 1, 1, color=MEASURED_KERNEL),
                Rectangle((0, 0), 1, 1, color=MEASURED_LAUNCHED)]  # fmt: skip
     labels = ["kernel, CUDA-graph replays", "PyTorch path, launched from Python"]
@@ -220,5 +227,5 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
                bbox_to_anchor=(0.5, -0.02))  # fmt: skip
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.07 / nrows, 1, 1))
     return fig
