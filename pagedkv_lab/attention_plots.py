@@ -171,7 +171,7 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     rungs = sorted({r["rung"] for r in rows})
     ncols = 2 if len(shapes) == 4 else len(shapes)  # four panels: two rows of two
     nrows = -(-len(shapes) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows + 0.5),
+    fig, axes = plt.subplots(nrows, ncols, figsize=(min(10, 4.8 * ncols), 3.6 * nrows + 0.5),
                              sharey=kind == "prefill", squeeze=False)  # fmt: skip
     axes = [list(axes.flat)]
     ratio_key = "over_contiguous" if kind == "decode" else "over_causal_sdpa"
