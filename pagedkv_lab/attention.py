@@ -16,11 +16,13 @@ import ctypes
 import functools
 import hashlib
 import importlib.resources
+import json
 import math
 import os
 import platform
 import subprocess
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -97,7 +99,6 @@ def _check_paged_args(q, k_cache, v_cache, block_tables, context_lens) -> None:
             f"block_tables name blocks outside the cache's {num_blocks} blocks"
         )
 
-
 def gather_kv(
     k_cache, v_cache, block_tables, num_blocks: int | None = None, workspace=None
 ):
@@ -167,7 +168,6 @@ def _decode_gathered(
     )
     return out[:, :, 0, :]
 
-
 def paged_decode_torch(
     q,
     k_cache,
@@ -229,7 +229,6 @@ def _check_prefill_args(
             "each sequence needs 0 <= queries <= context length "
             f"(queries {q_lens.tolist()}, context {context_lens.tolist()})"
         )
-
 
 def paged_prefill_torch(
     q,
@@ -314,34 +313,15 @@ if triton is not None:
 
     @triton.jit
     def _paged_decode_kernel(
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        block_tables_ptr,
-        context_lens_ptr,
-        out_ptr,
-        lse_ptr,
-        scale,
-        stride_q_seq,
-        stride_q_head,
-        stride_k_block,
-        stride_k_slot,
-        stride_k_head,
-        stride_bt_seq,
-        stride_bt_block,
-        stride_len,
-        stride_o_seq,
-        stride_o_head,
-        stride_o_part,
-        num_heads,
-        num_parts,
-        blocks_per_part,
-        GROUP: tl.constexpr,
-        GROUP_PAD: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        DIM_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-    ):
+        q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
+        scale, stride_q_seq, stride_q_head,
+        stride_k_block, stride_k_slot, stride_k_head,
+        stride_bt_seq, stride_bt_block, stride_len,
+        stride_o_seq, stride_o_head, stride_o_part,
+        num_heads, num_parts, blocks_per_part,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+        DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    ):  # fmt: skip
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         part = tl.program_id(2)
@@ -374,7 +354,7 @@ if triton is not None:
             )
             kv_mask = t_ok[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0).to(tl.float32)
-            # scores [GROUP_PAD, BLOCK_SIZE]: multiply and sum, on CUDA cores
+            # scores [GROUP_PAD, BLOCK_SIZE]: multiply and sum, on the CUDA cores
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
             s = tl.where(t_ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -384,9 +364,24 @@ if triton is not None:
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
             norm = norm * alpha + tl.sum(p, axis=1)
             m = m_new
+        _first_kernel_store(
+            out_ptr, lse_ptr, acc, m, norm, seq, heads, part, q_mask, g_ok,
+            stride_o_seq, stride_o_head, stride_o_part, num_heads, num_parts, DIM_PAD,
+        )  # fmt: skip
 
+if triton is not None:
+
+    @triton.jit
+    def _first_kernel_store(
+        out_ptr, lse_ptr, acc, m, norm, seq, heads, part, q_mask, g_ok,
+        stride_o_seq, stride_o_head, stride_o_part, num_heads, num_parts,
+        DIM_PAD: tl.constexpr,
+    ):  # fmt: skip
+        """A program's answer: each head's normalised output for its partition,
+        and the partition's lse for the merge (-inf when it saw no key)."""
         nonempty = norm > 0  # a partition past a short sequence's end has no keys
         safe_norm = tl.where(nonempty, norm, 1.0)
+        d = tl.arange(0, DIM_PAD)
         out_offs = (
             seq * stride_o_seq
             + heads[:, None] * stride_o_head
@@ -597,7 +592,27 @@ if triton is not None:
         return tl.dot(a, b)
 
     @triton.jit
-    def _online_softmax_step(s, v, m, norm, acc, UPCAST: tl.constexpr):
+    def _scores(q, k, DOT: tl.constexpr, UPCAST: tl.constexpr):
+        """``q`` [BLOCK_M, DIM_PAD] against ``k`` [TILE_N, DIM_PAD]: with ``DOT`` on
+        the tensor cores; without, as the first kernel does, a broadcast multiply
+        summed by `tl.sum` ([BLOCK_M, TILE_N, DIM_PAD] products, CUDA cores)."""
+        if DOT:
+            return _dot(q, tl.trans(k), UPCAST)
+        products = q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :]
+        return tl.sum(products, axis=2)
+
+    @triton.jit
+    def _weighted_values(p, v, DOT: tl.constexpr, UPCAST: tl.constexpr):
+        """``p`` [BLOCK_M, TILE_N] times ``v`` [TILE_N, DIM_PAD], the same two ways;
+        on the tensor cores ``p`` goes in the cache's dtype, as FlashAttention's."""
+        if DOT:
+            return _dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
+        return tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+
+    @triton.jit
+    def _online_softmax_step(
+        s, v, m, norm, acc, DOT: tl.constexpr, UPCAST: tl.constexpr
+    ):
         """One tile of the recurrence, in base 2. ``s`` [BLOCK_M, TILE_N]: scores
         times log2(e), -inf where a key is not visible; ``v`` [TILE_N, DIM_PAD]."""
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -605,28 +620,131 @@ if triton is not None:
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - shift)
         p = tl.exp2(s - shift[:, None])
-        pv = _dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
+        pv = _weighted_values(p, v, DOT, UPCAST)
         return m_new, norm * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
+
+if triton is not None:
+
+    @triton.jit
+    def _tile_slots(
+        table, tile, kv_len, stride_bt_block, stride_k_block, stride_k_slot,
+        BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, RUN: tl.constexpr,
+        MASKED: tl.constexpr,
+    ):  # fmt: skip
+        """Positions of a tile's ``TILE_N`` keys and their slots' offsets in the
+        cache. ``RUN == 0``: every key's block is looked up in the table on its
+        own (any block size). Else the tile is ``TILE_N // RUN`` runs of ``RUN``
+        keys, each run inside one block: one lookup per run. ``MASKED``: the tile
+        may reach past the last key, where the table is not read."""
+        key_pos = tile * TILE_N + tl.arange(0, TILE_N)
+        if RUN == 0:
+            ptrs = table + (key_pos // BLOCK_SIZE) * stride_bt_block
+            block = tl.load(ptrs, mask=key_pos < kv_len) if MASKED else tl.load(ptrs)
+        else:
+            N_RUNS: tl.constexpr = TILE_N // RUN
+            if N_RUNS == 1:  # the whole tile lies in one block
+                first = tl.load(table + (tile * TILE_N // BLOCK_SIZE) * stride_bt_block)
+                block = tl.full([TILE_N], 0, tl.int64) + first.to(tl.int64)
+            else:
+                run_pos = tile * TILE_N + tl.arange(0, N_RUNS) * RUN
+                ptrs = table + (run_pos // BLOCK_SIZE) * stride_bt_block
+                runs = tl.load(ptrs, mask=run_pos < kv_len, other=0)
+                runs = tl.broadcast_to(runs[:, None], (N_RUNS, RUN))
+                block = tl.reshape(runs, (TILE_N,))
+        slot = block.to(tl.int64) * stride_k_block
+        slot += (key_pos % BLOCK_SIZE) * stride_k_slot
+        return key_pos, slot
+
+if triton is not None:
+
+    @triton.jit
+    def _attend_tiles(
+        q, m, norm, acc, lo, hi, kv_len, position, table, k_ptr, v_ptr, kv_offset,
+        stride_bt_block, stride_k_block, stride_k_slot, qk_scale,
+        HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+        TILE_N: tl.constexpr, RUN: tl.constexpr, MASKED: tl.constexpr,
+        DOT: tl.constexpr, UPCAST: tl.constexpr,
+    ):  # fmt: skip
+        """The recurrence over tiles ``lo`` to ``hi - 1``. ``MASKED``: tiles that
+        may hold keys some row must not see (past its position, or past the last
+        key); without it every key of every tile is read and scored, no mask."""
+        d = tl.arange(0, DIM_PAD)
+        for tile in range(lo, hi):
+            key_pos, slot = _tile_slots(
+                table, tile, kv_len, stride_bt_block, stride_k_block, stride_k_slot,
+                BLOCK_SIZE, TILE_N, RUN, MASKED,
+            )  # fmt: skip
+            offs = (slot + kv_offset)[:, None] + d[None, :]
+            kv_mask = (d < HEAD_DIM)[None, :]
+            if MASKED:
+                kv_mask = kv_mask & (key_pos < kv_len)[:, None]
+            k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptr + offs, mask=kv_mask, other=0.0)
+            s = _scores(q, k, DOT, UPCAST) * qk_scale
+            if MASKED:
+                visible = key_pos[None, :] <= position[:, None]
+                visible &= (key_pos < kv_len)[None, :]
+                s = tl.where(visible, s, float("-inf"))
+            m, norm, acc = _online_softmax_step(s, v, m, norm, acc, DOT, UPCAST)
+        return m, norm, acc
+
+if triton is not None:
+
+    @triton.jit
+    def _load_q_block(
+        q_ptr, q_start, q_len, first_q, kv_head, stride_q_tok, stride_q_head,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
+        HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    ):  # fmt: skip
+        """The Q-block: ``BLOCK_Q`` positions x ``GROUP_PAD`` heads as the rows of
+        one [BLOCK_M, DIM_PAD] tile, row ``r`` = (position ``r // GROUP_PAD``, head
+        ``r % GROUP_PAD``). Returns it with each row's token, head and validity."""
+        r = tl.arange(0, BLOCK_Q * GROUP_PAD)
+        q_local = first_q + r // GROUP_PAD
+        heads = kv_head * GROUP + r % GROUP_PAD
+        row_ok = (q_local < q_len) & (r % GROUP_PAD < GROUP)
+        tokens = q_start + q_local
+        d = tl.arange(0, DIM_PAD)
+        offs = tokens[:, None] * stride_q_tok + heads[:, None] * stride_q_head
+        mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
+        q = tl.load(q_ptr + offs + d[None, :], mask=mask, other=0.0)
+        return q, tokens, heads, row_ok
+
+    @triton.jit
+    def _store_rows(
+        out_ptr, lse_ptr, acc, m, norm, tokens, heads, segment, row_ok,
+        stride_o_tok, stride_o_head, stride_o_seg, stride_lse_tok, stride_lse_head,
+        HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+    ):  # fmt: skip
+        """Each valid row's normalised output, in the output's dtype, and with
+        several segments its lse (natural log) for the merge."""
+        nonempty = norm > 0  # a segment past a short sequence's keys has none
+        safe_norm = tl.where(nonempty, norm, 1.0)
+        d = tl.arange(0, DIM_PAD)
+        offs = tokens[:, None] * stride_o_tok + heads[:, None] * stride_o_head
+        offs += segment * stride_o_seg + d[None, :]
+        out = (acc / safe_norm[:, None]).to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + offs, out, mask=row_ok[:, None] & (d < HEAD_DIM)[None, :])
+        if NUM_SEGMENTS > 1:
+            lse = (m + tl.log2(safe_norm)) * 0.6931471805599453
+            lse = tl.where(nonempty, lse, float("-inf"))
+            lse_offs = tokens * stride_lse_tok + heads * stride_lse_head + segment
+            tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
 
 if triton is not None:
 
     @triton.jit
     def _tiled_attention_kernel(
         q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, query_start_ptr,
-        out_ptr, lse_ptr,
-        qk_scale,  # the softmax scale times log2(e)
-        num_seqs,
-        stride_q_tok, stride_q_head,
-        stride_k_block, stride_k_slot, stride_k_head,
+        out_ptr, lse_ptr, qk_scale, num_seqs,  # qk_scale: softmax scale x log2(e)
+        stride_q_tok, stride_q_head, stride_k_block, stride_k_slot, stride_k_head,
         stride_bt_seq, stride_bt_block, stride_len,
-        stride_o_tok, stride_o_head, stride_o_seg,
-        stride_lse_tok, stride_lse_head,
+        stride_o_tok, stride_o_head, stride_o_seg, stride_lse_tok, stride_lse_head,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
         HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         TILE_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr, UPCAST: tl.constexpr,
+        DOT: tl.constexpr, RUN: tl.constexpr, MASK_EVERY_TILE: tl.constexpr,
     ):  # fmt: skip
-        # grid (query blocks, KV heads, segments); one program: BLOCK_Q positions
-        # x GROUP heads (BLOCK_M rows) against one segment of the keys they see
         pid, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         seq = _find_sequence(query_start_ptr, num_seqs, pid, BLOCK_Q)
         q_start = tl.load(query_start_ptr + seq)
@@ -636,62 +754,42 @@ if triton is not None:
             return
         context_len = tl.load(context_lens_ptr + seq * stride_len)
         prefix = context_len - q_len  # keys cached before this step's queries
+        q, tokens, heads, row_ok = _load_q_block(
+            q_ptr, q_start, q_len, first_q, kv_head, stride_q_tok, stride_q_head,
+            GROUP, GROUP_PAD, BLOCK_Q, HEAD_DIM, DIM_PAD,
+        )  # fmt: skip
+        position = prefix + tokens - q_start  # a row sees keys at positions <= it
 
-        BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD
-        r = tl.arange(0, BLOCK_M)
-        q_local = first_q + r // GROUP_PAD  # row -> (query position, head)
-        heads = kv_head * GROUP + r % GROUP_PAD
-        row_ok = (q_local < q_len) & (r % GROUP_PAD < GROUP)
-        tokens = q_start + q_local
-        d = tl.arange(0, DIM_PAD)
-        q_mask = row_ok[:, None] & (d < HEAD_DIM)[None, :]
-        q_offs = tokens[:, None] * stride_q_tok + heads[:, None] * stride_q_head
-        q = tl.load(q_ptr + q_offs + d[None, :], mask=q_mask, other=0.0)
-        position = prefix + q_local  # a row sees the keys at positions <= its own
-
-        # the keys any row here sees, in tiles, split evenly among the segments
         kv_len = tl.minimum(context_len, prefix + first_q + BLOCK_Q)
         num_tiles = tl.cdiv(kv_len, TILE_N)
         per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
-        tile_lo = segment * per_segment
-        tile_hi = tl.minimum(tile_lo + per_segment, num_tiles)
-
-        m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (base 2)
-        norm = tl.zeros([BLOCK_M], tl.float32)  # running sum of 2^(s - m)
-        acc = tl.zeros([BLOCK_M, DIM_PAD], tl.float32)  # sum of 2^(s - m) v
-        n = tl.arange(0, TILE_N)
+        lo = segment * per_segment
+        hi = tl.minimum(lo + per_segment, num_tiles)
+        m = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)  # running max
+        norm = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)  # sum of 2^(s - m)
+        acc = tl.zeros([BLOCK_Q * GROUP_PAD, DIM_PAD], tl.float32)  # sum 2^(s-m) v
         table = block_tables_ptr + seq * stride_bt_seq
-        for tile in range(tile_lo, tile_hi):
-            key_pos = tile * TILE_N + n
-            key_ok = key_pos < kv_len
-            # every key's slot through the block table: a tile spans several blocks
-            block_ptrs = table + (key_pos // BLOCK_SIZE) * stride_bt_block
-            block = tl.load(block_ptrs, mask=key_ok).to(tl.int64)
-            slot = block * stride_k_block + (key_pos % BLOCK_SIZE) * stride_k_slot
-            kv_offs = (slot + kv_head * stride_k_head)[:, None] + d[None, :]
-            kv_mask = key_ok[:, None] & (d < HEAD_DIM)[None, :]
-            k = tl.load(k_ptr + kv_offs, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptr + kv_offs, mask=kv_mask, other=0.0)
-            s = _dot(q, tl.trans(k), UPCAST) * qk_scale
-            visible = (key_pos[None, :] <= position[:, None]) & key_ok[None, :]
-            s = tl.where(visible, s, float("-inf"))
-            m, norm, acc = _online_softmax_step(s, v, m, norm, acc, UPCAST)
-
-        nonempty = norm > 0  # a segment past a short sequence's keys has none
-        safe_norm = tl.where(nonempty, norm, 1.0)
-        out_offs = (
-            tokens[:, None] * stride_o_tok
-            + heads[:, None] * stride_o_head
-            + segment * stride_o_seg
-            + d[None, :]
-        )
-        out = (acc / safe_norm[:, None]).to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + out_offs, out, mask=q_mask)
-        if NUM_SEGMENTS > 1:  # the merge needs each segment's lse (natural log)
-            lse = (m + tl.log2(safe_norm)) * 0.6931471805599453
-            lse = tl.where(nonempty, lse, float("-inf"))
-            lse_offs = tokens * stride_lse_tok + heads * stride_lse_head + segment
-            tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
+        kv_offset = kv_head * stride_k_head
+        masked_from = lo  # MASK_EVERY_TILE: every tile is masked
+        if not MASK_EVERY_TILE:  # tiles that every row sees whole need no mask
+            whole = (prefix + first_q + 1) // TILE_N  # tiles before the diagonal
+            masked_from = tl.minimum(hi, tl.maximum(lo, whole))
+            m, norm, acc = _attend_tiles(
+                q, m, norm, acc, lo, masked_from, kv_len, position, table, k_ptr,
+                v_ptr, kv_offset, stride_bt_block, stride_k_block, stride_k_slot,
+                qk_scale, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE_N, RUN, False, DOT,
+                UPCAST,
+            )  # fmt: skip
+        m, norm, acc = _attend_tiles(
+            q, m, norm, acc, masked_from, hi, kv_len, position, table, k_ptr, v_ptr,
+            kv_offset, stride_bt_block, stride_k_block, stride_k_slot, qk_scale,
+            HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE_N, RUN, True, DOT, UPCAST,
+        )  # fmt: skip
+        _store_rows(
+            out_ptr, lse_ptr, acc, m, norm, tokens, heads, segment, row_ok,
+            stride_o_tok, stride_o_head, stride_o_seg, stride_lse_tok,
+            stride_lse_head, HEAD_DIM, DIM_PAD, NUM_SEGMENTS,
+        )  # fmt: skip
 
 if triton is not None:
 
@@ -765,6 +863,44 @@ def tiled_launch(dtype: torch.dtype, capability: tuple[int, int] | None, decode:
     return tiles["decode" if decode else "prefill"], upcast
 
 
+#: A sweep's winning launch per GPU, committed (``scripts/kernel_ladder.py
+#: --sections tune-prefill --save-tuning`` writes it); read when present.
+TUNED_TILES = Path(
+    str(importlib.resources.files("pagedkv_lab") / "configs" / "tuned_tiles.json")
+)
+
+
+@functools.cache
+def _card(device_index: int) -> tuple[tuple[int, int], str]:
+    """A GPU's compute capability and name, read once (launches stay cheap)."""
+    props = torch.cuda.get_device_properties(device_index)
+    return (props.major, props.minor), props.name
+
+
+@functools.cache
+def tuned_launch(device_name: str, kind: str) -> dict:
+    """The committed winner for ``device_name`` (as `torch.cuda.get_device_name`
+    says it) and ``kind`` ("decode" or "prefill"): any of ``tile_sizes``,
+    ``num_warps``, ``num_stages``; ``{}`` when `TUNED_TILES` has none."""
+    try:
+        devices = json.loads(TUNED_TILES.read_text()).get("devices", {})
+    except (OSError, ValueError):
+        return {}
+    found = devices.get(device_name, {}).get(kind, {})
+    keep = ("tile_sizes", "num_warps", "num_stages")
+    found = {k: v for k, v in found.items() if k in keep}
+    return {k: tuple(v) if k == "tile_sizes" else v for k, v in found.items()}
+
+#: The tiled kernel's switches by launch. Decode keeps what the H100 run measured
+#: (`book/reports/h100/kernel_decode_after.txt`): products on the tensor cores,
+#: every tile masked, each key's block looked up on its own, one fused merge.
+#: Prefill masks only the tiles on the diagonal and looks blocks up once per
+#: run: less work per tile, not yet measured on a GPU.
+TILED_SWITCHES = {
+    "decode": dict(dot=True, mask_every_tile=True, block_runs=False, fused_merge=True),
+    "prefill": dict(dot=True, mask_every_tile=False, block_runs=True, fused_merge=True),
+}
+
 #: Programs per multiprocessor that `tiled_segments` aims for.
 PROGRAMS_PER_SM = 2
 
@@ -783,30 +919,52 @@ def tiled_segments(num_programs: int, max_tiles: int, device: torch.device) -> i
     most = 1 << (max(1, max_tiles).bit_length() - 1)  # a power of two <= max_tiles
     return min(16, segments, most)
 
+def _tiled_plan(q, k_cache, block_tables, decode, tile_sizes, num_segments, switches):
+    """The launch's constants: from the tensors' shapes, the card (its tiles and
+    a committed sweep's winner, `tuned_launch`) and the caller's overrides."""
+    num_tokens, heads, head_dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    group_pad = triton.next_power_of_2(heads // kv_heads)
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    capability, name = (None, "") if interpreting else _card(q.device.index or 0)
+    tiles, upcast = tiled_launch(q.dtype, capability, decode)
+    kind = "decode" if decode else "prefill"
+    tuned = {} if interpreting else tuned_launch(name, kind)
+    block_m, tile_n = tile_sizes or tuned.get("tile_sizes", tiles)
+    tile_n = max(16, tile_n)
+    # tl.dot takes 16 rows at least; tl.sum any (2: no tensor of one element)
+    block_q = max(1, max(block_m, 16 if switches["dot"] else 2) // group_pad)
+    num_blocks_q = num_tokens // block_q + block_tables.shape[0]
+    if num_segments is None:
+        max_tiles = -(-block_tables.shape[1] * block_size // tile_n)
+        num_segments = tiled_segments(num_blocks_q * kv_heads, max_tiles, q.device)
+    pow2 = block_size & (block_size - 1) == 0
+    run = min(block_size, tile_n) if switches["block_runs"] and pow2 else 0
+    constants = dict(
+        GROUP=heads // kv_heads, GROUP_PAD=group_pad, BLOCK_Q=block_q,
+        HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, TILE_N=tile_n, NUM_SEGMENTS=num_segments,
+        UPCAST=upcast, DOT=switches["dot"], RUN=run if run > 1 else 0,
+        MASK_EVERY_TILE=switches["mask_every_tile"],
+    )  # fmt: skip
+    launch = {k: tuned[k] for k in ("num_warps", "num_stages") if k in tuned}
+    return (num_blocks_q, kv_heads, num_segments), constants, launch
 
 def paged_attention_tiled(
-    q,
-    k_cache,
-    v_cache,
-    block_tables,
-    context_lens,
-    query_start_loc=None,
-    scale: float | None = None,
-    num_segments: int | None = None,
-    tile_sizes: tuple[int, int] | None = None,
-    check: bool = True,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-) -> torch.Tensor:
+    q, k_cache, v_cache, block_tables, context_lens, query_start_loc=None,
+    scale: float | None = None, num_segments: int | None = None,
+    tile_sizes: tuple[int, int] | None = None, check: bool = True,
+    num_warps: int | None = None, num_stages: int | None = None, **switches,
+) -> torch.Tensor:  # fmt: skip
     """Paged attention with the tiled Triton kernel, decode and prefill alike.
-
     Without ``query_start_loc``: decode, one query per sequence (the contract of
     `paged_decode_torch`); with it, causal varlen prefill (`paged_prefill_torch`),
-    prefix-cache hits and chunks included. ``num_segments`` and ``tile_sizes``
-    override `tiled_segments` and `tiled_launch`'s tiles; ``num_warps`` and ``num_stages``
-    Triton's defaults. Launches one kernel (and a
-    merge when the keys are split); reads nothing back from the GPU.
-    """
+    prefix-cache hits and chunks included. ``num_segments``, ``tile_sizes``,
+    ``num_warps`` and ``num_stages`` override the plan (`tiled_segments`,
+    `tiled_launch`, `tuned_launch`, Triton's defaults); ``switches`` override
+    `TILED_SWITCHES` (``dot``, ``mask_every_tile``, ``block_runs``,
+    ``fused_merge``). Launches one kernel, and a merge when the keys are split;
+    reads nothing back from the GPU."""
     _check_triton_args(q, k_cache, v_cache, block_tables, context_lens, any_block=True)
     decode = query_start_loc is None
     if check and decode:
@@ -815,49 +973,147 @@ def paged_attention_tiled(
         _check_prefill_args(
             q, k_cache, v_cache, block_tables, context_lens, query_start_loc
         )
+    unknown = set(switches) - set(TILED_SWITCHES["decode"])
+    if unknown:
+        raise TypeError(f"unknown switches {sorted(unknown)}")
+    switches = {**TILED_SWITCHES["decode" if decode else "prefill"], **switches}
     num_tokens, heads, head_dim = q.shape
-    _, block_size, kv_heads, _ = k_cache.shape
-    num_seqs = block_tables.shape[0]
     if not num_tokens:
         return q.new_empty(q.shape)
     if decode:
-        query_start_loc = torch.arange(num_seqs + 1, device=q.device)
-    group = heads // kv_heads
-    group_pad = triton.next_power_of_2(group)
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    capability = None if interpreting else torch.cuda.get_device_capability(q.device)
-    default_tiles, upcast = tiled_launch(q.dtype, capability, decode)
-    block_m, tile_n = tile_sizes or default_tiles
-    block_q = max(1, max(block_m, 16) // group_pad)
-    num_blocks_q = num_tokens // block_q + num_seqs
-    if num_segments is None:
-        max_tiles = -(-block_tables.shape[1] * block_size // tile_n)
-        num_segments = tiled_segments(num_blocks_q * kv_heads, max_tiles, q.device)
-    if num_segments == 1:  # the program's answer is final: store it in q's dtype
-        out = _new_buffer((num_tokens, heads, 1, head_dim), q.dtype, q.device)
-        lse = out  # not written
-    else:
-        shape = (num_tokens, heads, num_segments)
-        out = _new_buffer((*shape, head_dim), torch.float32, q.device)
-        lse = _new_buffer(shape, torch.float32, q.device)
+        query_start_loc = torch.arange(block_tables.shape[0] + 1, device=q.device)
+    grid, constants, launch = _tiled_plan(
+        q, k_cache, block_tables, decode, tile_sizes, num_segments, switches
+    )
+    asked = {"num_warps": num_warps, "num_stages": num_stages}
+    launch.update({k: v for k, v in asked.items() if v is not None})
+    segments = constants["NUM_SEGMENTS"]
+    shape = (num_tokens, heads, segments)
+    # one segment: the program's answer is final, stored in q's dtype, no lse
+    out = _new_buffer((*shape, head_dim), torch.float32 if segments > 1 else q.dtype,
+                      q.device)  # fmt: skip
+    lse = _new_buffer(shape, torch.float32, q.device) if segments > 1 else out
     scale = scale if scale is not None else 1 / math.sqrt(head_dim)
-    launch = dict(num_warps=num_warps, num_stages=num_stages)
-    _tiled_attention_kernel[(num_blocks_q, kv_heads, num_segments)](
+    _tiled_attention_kernel[grid](
         q, k_cache, v_cache, block_tables, context_lens, query_start_loc, out, lse,
-        scale * 1.4426950408889634, num_seqs,
+        scale * 1.4426950408889634, block_tables.shape[0],
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), block_tables.stride(1), context_lens.stride(0),
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,
-        HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size, TILE_N=max(16, tile_n), NUM_SEGMENTS=num_segments,
-        UPCAST=upcast,
-        **{k: v for k, v in launch.items() if v is not None},
+        **constants, **launch,
     )  # fmt: skip
-    if num_segments == 1:
+    if segments == 1:
         return out[:, :, 0]
-    return merge_segments(out, lse, q.dtype)
+    if switches["fused_merge"]:
+        return merge_segments(out, lse, q.dtype)
+    return merge_partial_attention(out, lse).to(q.dtype)
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of the climb: a kernel variant, the one thing it changes from the
+    rung below, and what the roofline predicts for it. Calling a rung runs it;
+    every tiled rung is `paged_attention_tiled` with switches, not a copy."""
+
+    name: str
+    change: str
+    predicts: str
+    kernel: str = "tiled"  # "torch" (gather + SDPA), "first" or "tiled"
+    options: dict = field(default_factory=dict)  # `paged_attention_tiled` keywords
+    split: str = "fill"  # "fill": `tiled_segments`; "partitions": the first kernel's
+    traffic: int = 1  # K/V bytes moved per byte of K/V (3: read, write, read)
+
+    def __call__(
+        self, q, k_cache, v_cache, block_tables, context_lens, query_start_loc=None,
+        check: bool = False,
+    ) -> torch.Tensor:  # fmt: skip
+        args = (q, k_cache, v_cache, block_tables, context_lens)
+        decode = query_start_loc is None
+        if self.kernel == "torch" and decode:
+            return paged_decode_torch(*args, workspace=self._workspace, check=check)
+        if self.kernel == "torch":
+            return paged_prefill_torch(*args, query_start_loc)
+        if self.kernel == "first" and decode:
+            return paged_decode_triton(*args, check=check)
+        if self.kernel == "first":
+            return paged_prefill_triton(*args, query_start_loc, check=check)
+        options = dict(self.options)
+        if self.split == "partitions":  # 512-token pieces when the GPU would idle
+            per_part = decode_partitions(
+                len(context_lens), k_cache.shape[2], k_cache.shape[1], q.device
+            )
+            options["num_segments"] = -(-block_tables.shape[1] // per_part)
+        return paged_attention_tiled(*args, query_start_loc, check=check, **options)
+
+    @functools.cached_property
+    def _workspace(self) -> dict:
+        return {}  # the PyTorch rung's gather buffers, kept between calls
+
+_EVERY_TILE = dict(mask_every_tile=True, block_runs=False)  # as the H100 run did
+_AS_FIRST = dict(dot=False, fused_merge=False, **_EVERY_TILE)
+DECODE_LADDER = [
+    Rung("PyTorch gather + SDPA", "copy each sequence's blocks into a buffer, then "
+         "contiguous SDPA", "3x the K/V traffic (read, write, read): at least 3x "
+         "contiguous SDPA's time where SDPA runs at the copy bandwidth",
+         kernel="torch", traffic=3),
+    Rung("first kernel", "read the blocks in place: a program per (sequence, KV "
+         "head), one block of keys per step, products by tl.sum",
+         "1x the traffic, but one block in flight per program: far below the "
+         "copy bandwidth, latency-bound", kernel="first"),
+    Rung("first kernel's walk, tiled kernel", "the same walk (a block of 16 keys "
+         "per step, tl.sum, 512-token partitions) in the tiled kernel's structure",
+         "the same as the first kernel", options=dict(
+             tile_sizes=(1, 16), **_AS_FIRST), split="partitions"),
+    Rung("64-key tiles", "tiles of 64 keys, each key's block looked up: a tile "
+         "spans 4 blocks", "4x the bytes in flight per program: faster where the "
+         "batch fills the GPU, unless the [G, 64, D] products spill registers",
+         options=dict(tile_sizes=(1, 64), **_AS_FIRST), split="partitions"),
+    Rung("tl.dot on Q-blocks", "products on the tensor cores: BLOCK_Q positions x "
+         "G heads as tl.dot's 16 rows", "no change in bytes or in time bound "
+         "(far under the ridge); fewer registers and instructions than the "
+         "broadcast products", options=dict(tile_sizes=(16, 64), fused_merge=False,
+                                            **_EVERY_TILE), split="partitions"),
+    Rung("split-KV segments", "segments sized so that the grid covers every "
+         "multiprocessor twice, not 512-token partitions", "faster at small "
+         "batches, where programs were too few to keep the memory busy; no change "
+         "where the batch fills the GPU", options=dict(
+             tile_sizes=(16, 64), fused_merge=False, **_EVERY_TILE)),
+    Rung("128-key tiles", "tiles of 128 keys", "2x the bytes in flight per "
+         "program: faster where the GPU is full but below the copy bandwidth",
+         options=dict(tile_sizes=(16, 128), fused_merge=False, **_EVERY_TILE)),
+    Rung("one fused merge", "segments merged by one Triton kernel, not five "
+         "PyTorch kernels (the library's default)", "the same bytes, four launches "
+         "fewer: faster only where attention itself takes tens of microseconds"),
+]  # fmt: skip
+
+PREFILL_LADDER = [
+    Rung("PyTorch, sequence by sequence", "gather each sequence's blocks, SDPA with "
+         "an explicit causal mask, a Python loop over sequences", "3x the K/V "
+         "traffic and a masked SDPA, which PyTorch's FlashAttention backend does "
+         "not take: several times causal SDPA", kernel="torch", traffic=3),
+    Rung("first kernel, a row per query", "each prompt row is a decode problem "
+         "(`prefill_as_decode`), one program per row", "each row reads every key "
+         "before it: about L^2/2 key loads per KV head for L tokens", kernel="first"),
+    Rung("Q-blocks, every tile masked", "BLOCK_Q positions x G heads share each "
+         "K/V tile (64 rows, 64 keys); tl.dot", "K/V loaded once per 16 positions, "
+         "products on the tensor cores: within a small factor of causal SDPA",
+         options=dict(tile_sizes=(64, 64), num_warps=4, **_EVERY_TILE)),
+    Rung("only diagonal tiles masked", "tiles every row sees whole are read and "
+         "scored without masks; only the diagonal ones mask", "drops the mask work "
+         "from all but about one tile in eight of a 1,024-token prompt",
+         options=dict(tile_sizes=(64, 64), num_warps=4, mask_every_tile=False,
+                      block_runs=False)),
+    Rung("block runs", "one block-table load per block of a tile, not per key",
+         "4 table loads per 64-key tile instead of 64: a small gain",
+         options=dict(tile_sizes=(64, 64), num_warps=4)),
+    Rung("Hopper tiles", "128 rows (32 positions x 4 heads), 8 warps, 3 pipeline "
+         "stages", "half the K/V loads per prompt and the next tiles' loads "
+         "overlapping the products, if the registers allow",
+         options=dict(tile_sizes=(128, 64), num_warps=8, num_stages=3)),
+    Rung("tuned (the library's default)", "the committed sweep's winner for this "
+         "GPU (`tuned_launch`); without one, the block-runs rung", "the sweep's "
+         "best, by construction"),
+]  # fmt: skip
 
 # the kernel's source ships inside the package (package data)
 CSRC = Path(
@@ -885,7 +1141,6 @@ def _build_key(compiler: str) -> str:
     parts = [CSRC.read_bytes(), compiler.encode(), " ".join(CXX_FLAGS).encode()]
     parts += [platform.machine().encode(), cpu.encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-
 
 def build_cpu_kernel(verbose: bool = False) -> Path:
     """Compile the C++ kernel into the cache unless it is there; return its path.
@@ -951,7 +1206,6 @@ def cpu_decode_partitions(num_seqs: int, max_tokens: int, threads: int) -> int:
         return 1
     return max(1, min(-(-2 * threads // max(num_seqs, 1)), max_tokens // 256))
 
-
 def paged_attention_cpu(
     q,
     k_cache,
@@ -961,12 +1215,10 @@ def paged_attention_cpu(
     query_start_loc=None,
     scale: float | None = None,
 ) -> torch.Tensor | None:
-    """The C++ kernel: decode (``query_start_loc`` None) or causal varlen prefill.
-
-    Arguments as `paged_decode_torch` / `paged_prefill_torch`, already checked.
-    Returns None when the kernel cannot take them (no compiler, a head size that
-    is not a multiple of 16 or above 256, another dtype or device).
-    """
+    """The C++ kernel: decode (``query_start_loc`` None) or causal varlen prefill,
+    arguments as `paged_decode_torch` / `paged_prefill_torch`, already checked.
+    None when the kernel cannot take them (no compiler, a head size that is not
+    a multiple of 16 or above 256, another dtype or device)."""
     fn = load_cpu_kernel()
     seqs, heads, head_dim = len(context_lens), q.shape[1], q.shape[2]
     _, block_size, kv_heads, _ = k_cache.shape
@@ -1041,7 +1293,6 @@ def paged_decode(
     return paged_decode_torch(
         q, k_cache, v_cache, block_tables, context_lens, scale, workspace, False
     )
-
 
 def paged_prefill(
     q,

@@ -1,10 +1,15 @@
-"""Issue 23's measurements in one run: every attention kernel checked, then timed.
+"""Chapter 04's attention kernels in one run: every kernel checked, then timed.
 
-    python scripts/kernel_ladder.py --out kernel-report      # on a CUDA GPU, ~5 min on an H100
+    python scripts/kernel_ladder.py --out kernel-report      # on a CUDA GPU
     python scripts/kernel_ladder.py --smoke                  # tiny sizes: checks the script itself
+    TRITON_INTERPRET=1 python scripts/kernel_ladder.py --smoke --sections checks ladder tune-prefill
 
-1. Correctness, compiled: the PyTorch path, the first Triton kernel and the tiled
-   kernel against float64 on odd shapes, fp16 and bf16, decode and prefill.
+Default sections, in order (``--sections`` picks others):
+
+1. ``checks``, correctness, compiled: every rung of the ladder
+   (`attention.DECODE_LADDER`, `attention.PREFILL_LADDER`: the PyTorch paths, the
+   first Triton kernel and each variant of the tiled one) against float64 on odd
+   shapes, fp16 and bf16, decode and prefill, output buffers poisoned with NaN.
 2. Decode: `bench.kernel_benchmark` for fp16 and bf16, blocks of 16 and 32, batch
    1-256, context 512-16384 (rows whose peak would pass half the card's memory, or
    over 4 GiB of K/V, left out; bf16 only from sm_80): each kernel's time
@@ -14,12 +19,27 @@
    an L4; random weights, in `device.default_dtype`), 128 prompts of 1,000
    tokens: the engine's prefill (`LLM.generate`, one new token) against
    transformers' own SDPA forward of the same prompts, in the same run.
-4. A table of the issue's targets, last: decode paged/contiguous <= 1.15 at batch
-   >= 8 and context >= 1024; >= 80% of the copy bandwidth at batch >= 64 and
-   context >= 4096; engine prefill >= transformers' forward.
+4. ``ladder``: every rung at fixed shapes (`bench.kernel.LADDER_DECODE_SHAPES`,
+   `LADDER_PREFILL_SHAPES`, Llama-3-8B's heads, blocks of 16 in shuffled order):
+   time over contiguous SDPA (decode) or causal SDPA (prefill), GB/s and share
+   of the copy bandwidth (decode), TFLOPS (prefill). results.json "ladder": one
+   row per rung and shape; copy it into the report folder as
+   ``kernel_ladder.json`` and chapter 04 reads it.
+5. ``prefill-kernel``: the tiled kernel's default prefill against causal SDPA
+   over 4 x 1024, 16 x 256 and 2 x 2048 prompt tokens; results.json
+   "prefill_kernel": {"over_causal_sdpa": the geometric mean, ...}.
+A table of the issue's targets comes last: decode paged/contiguous <= 1.15 at
+batch >= 8 and context >= 1024; >= 80% of the copy bandwidth at batch >= 64 and
+context >= 4096; engine prefill >= transformers' forward; the prefill kernel's
+geometric mean over causal SDPA.
+
+Sweeps, not default: ``tune`` (decode tiles, programs per SM, warps, stages) and
+``tune-prefill`` (prefill rows, keys, warps, stages); with ``--save-tuning`` the
+winner goes into ``pagedkv_lab/configs/tuned_tiles.json`` under this GPU's name,
+where `attention.tuned_launch` reads it (commit that file with the report).
 
 Every section runs even when an earlier one failed; results go to
-``--out``/results.json and the table to ``--out``/summary.txt.
+``--out``/results.json and the tables to ``--out``/summary.txt.
 """
 
 from __future__ import annotations
@@ -31,20 +51,29 @@ import statistics
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from pagedkv_lab import attention
 from pagedkv_lab.attention import (
+    DECODE_LADDER,
+    PREFILL_LADDER,
     paged_attention_tiled,
-    paged_decode_torch,
-    paged_decode_triton,
-    paged_prefill_torch,
-    paged_prefill_triton,
     reference_paged_attention,
 )
 from pagedkv_lab.bench import kernel_benchmark, print_kernel_table
+from pagedkv_lab.bench.kernel import (
+    LADDER_DECODE_SHAPES,
+    LADDER_HEADS,
+    LADDER_PREFILL_SHAPES,
+    decode_ladder_benchmark,
+    geometric_mean,
+    ladder_table_lines,
+    prefill_ladder_benchmark,
+    print_ladder_table,
+)
 from pagedkv_lab.device import default_dtype, device_report, supports_bf16
 from pagedkv_lab.models import largest_real_shape
 
@@ -73,36 +102,33 @@ def paged_problem(seed, ctx, new, heads, kv_heads, head_dim, block_size, dtype, 
 
 
 def check_kernels(device, smoke: bool) -> list[dict]:
-    """Each kernel against float64, with output buffers poisoned with NaN."""
+    """Every rung against float64, with output buffers poisoned with NaN; the
+    tiled default also with its keys forced into 8 segments."""
     attention._new_buffer = lambda shape, dtype, dev: torch.full(
         shape, float("nan"), dtype=dtype, device=dev
     )
     dtypes = [torch.float32] if device.type != "cuda" else [torch.float16, torch.bfloat16]
     decode = [([1, 17, 1000, 4097], 32, 8, 128, 16), ([5, 300], 6, 1, 80, 32)]
     prefill = [([1000, 40, 7], [1000, 1, 7], 32, 8, 128, 16), ([45, 90], [40, 2], 4, 2, 64, 32)]
-    if smoke:
-        decode = [([1, 17, 40], 4, 2, 64, 16)]
-        prefill = [([20, 3], [20, 1], 4, 2, 64, 16)]
+    if smoke:  # odd and tiny: head_dim 24, a group of 3, chunks after cached prefixes
+        decode = [([1, 17, 40], 6, 2, 24, 8)]
+        prefill = [([20, 3, 9], [20, 1, 5], 6, 2, 24, 8)]
+    segmented = dict(options={"num_segments": 8})
     rows = []
-    for dtype in dtypes:
-        for shape in decode:
-            args, ref = paged_problem(0, *shape[:1], None, *shape[1:], dtype, device)
-            kernels = {
-                "torch": lambda a: paged_decode_torch(*a),
-                "first triton": lambda a: paged_decode_triton(*a),
-                "tiled": lambda a: paged_attention_tiled(*a),
-                "tiled, 8 segments": lambda a: paged_attention_tiled(*a, num_segments=8),
-            }
-            rows += _compare(kernels, args, ref, dtype, "decode", shape)
-        for shape in prefill:
-            args, ref = paged_problem(1, *shape[:2], *shape[2:], dtype, device)
-            kernels = {
-                "torch": lambda a: paged_prefill_torch(*a),
-                "first triton": lambda a: paged_prefill_triton(*a),
-                "tiled": lambda a: paged_attention_tiled(*a),
-            }
-            rows += _compare(kernels, args, ref, dtype, "prefill", shape)
-    attention._new_buffer = _NEW_BUFFER
+    try:
+        for dtype in dtypes:
+            for shape in decode:
+                args, ref = paged_problem(0, *shape[:1], None, *shape[1:], dtype, device)
+                kernels = {r.name: r for r in DECODE_LADDER}
+                kernels["default, 8 segments"] = replace(DECODE_LADDER[-1], **segmented)
+                rows += _compare(kernels, args, ref, dtype, "decode", shape)
+            for shape in prefill:
+                args, ref = paged_problem(1, *shape[:2], *shape[2:], dtype, device)
+                kernels = {r.name: r for r in PREFILL_LADDER}
+                kernels["default, 8 segments"] = replace(PREFILL_LADDER[-1], **segmented)
+                rows += _compare(kernels, args, ref, dtype, "prefill", shape)
+    finally:
+        attention._new_buffer = _NEW_BUFFER
     return rows
 
 
@@ -113,14 +139,14 @@ def _compare(kernels, args, ref, dtype, kind, shape) -> list[dict]:
     rows = []
     scale = max(1.0, ref.abs().max().item())
     for name, fn in kernels.items():
-        out = fn(args)
+        out = fn(*args)
         err = (out.double().cpu() - ref).abs().max().item()
         ok = bool(out.isfinite().all()) and err < TOLERANCE[dtype] * scale
         rows.append(
             {"kind": kind, "kernel": name, "dtype": str(dtype)[6:], "shape": str(shape),
              "max_error": err, "ok": ok}
         )  # fmt: skip
-        print(f"  {kind:7} {name:18} {str(dtype)[6:]:8} {'ok' if ok else 'FAIL'} {err:.1e}")
+        print(f"  {kind:7} {name[:34]:34} {str(dtype)[6:]:8} {'ok' if ok else 'FAIL'} {err:.1e}")
     return rows
 
 
@@ -200,6 +226,59 @@ def prefill_comparison(device, smoke: bool) -> dict:
     return result
 
 
+def _ladder_heads(device, smoke: bool):
+    """Llama-3-8B's attention on a GPU; on a CPU (--smoke, the interpreter) a
+    group of 3 query heads per KV head and head_dim 24, tiny and odd."""
+    return (6, 2, 24) if smoke else LADDER_HEADS
+
+
+def ladder(device, smoke: bool) -> list[dict]:
+    """Every rung of chapter 04's decode and prefill ladders at fixed shapes,
+    each beside its bar (contiguous SDPA; causal SDPA) in the same run."""
+    heads = _ladder_heads(device, smoke)
+    decode_shapes = LADDER_DECODE_SHAPES if not smoke else ((2, 40), (3, 19))
+    prefill_shapes = LADDER_PREFILL_SHAPES if not smoke else ((2, 24), (3, 9))
+    rows = decode_ladder_benchmark(device, DECODE_LADDER, decode_shapes, heads=heads,
+                                   repeats=20 if not smoke else 2)  # fmt: skip
+    rows += prefill_ladder_benchmark(device, PREFILL_LADDER, prefill_shapes,
+                                     heads=heads, repeats=10 if not smoke else 2)  # fmt: skip
+    print_ladder_table(rows)
+    return rows
+
+
+def prefill_kernel(device, smoke: bool) -> dict:
+    """The tiled kernel's default prefill (the last rung, as `paged_prefill`
+    runs it) against causal SDPA over the ladder's prefill grid: the geometric
+    mean of time / SDPA's is the target issue 40 holds to 1.25."""
+    shapes = LADDER_PREFILL_SHAPES if not smoke else ((2, 24), (3, 9))
+    rows = prefill_ladder_benchmark(device, PREFILL_LADDER[-1:], shapes,
+                                    heads=_ladder_heads(device, smoke),
+                                    repeats=10 if not smoke else 2)  # fmt: skip
+    print_ladder_table(rows)
+    timed = [r for r in rows if "over_causal_sdpa" in r]
+    result = {
+        "over_causal_sdpa": geometric_mean(r["over_causal_sdpa"] for r in timed)
+        if len(timed) == len(rows) else None,
+        "grid": [[r["seqs"], r["length"]] for r in rows],
+        "config": _prefill_config(device),
+        "rows": rows,
+    }  # fmt: skip
+    gm = result["over_causal_sdpa"]
+    print(f"  geometric mean over the grid: {gm:.3f}x causal SDPA" if gm else "  no mean")
+    return result
+
+
+def _prefill_config(device) -> dict:
+    """The launch `paged_attention_tiled` makes for prefill on ``device``."""
+    if device.type != "cuda":
+        return {"tile_sizes": attention.TILE_SIZES["prefill"], "interpreter": True}
+    tiles, _ = attention.tiled_launch(
+        default_dtype(device), torch.cuda.get_device_capability(device), False
+    )
+    tuned = attention.tuned_launch(torch.cuda.get_device_name(device), "prefill")
+    return {"tile_sizes": tiles, **tuned, **attention.TILED_SWITCHES["prefill"]}
+
+
 def geometric_means(rows: list[dict], fields: tuple[str, ...], ratio: str) -> dict:
     """Per setting (the values of ``fields``), the geometric mean of ``ratio``
     over the grid's shapes: the score a sweep ranks its settings by."""
@@ -258,7 +337,8 @@ def tune(device, smoke: bool) -> list[dict]:
         attention.PROGRAMS_PER_SM = saved
         t = time_calls(calls, device, repeats=10 if not smoke else 2, graphs=list(calls))
         base = t.pop("contiguous")
-        default = t[(64, saved, 4, None)] if (64, saved, 4, None) in t else math.nan
+        current = (attention.TILE_SIZES["decode"][1], saved, 4, None)  # the library's
+        default = t.get(current, math.nan)
         best = min(t, key=t.get)
         for key, sec in t.items():
             rows.append({"batch": batch, "context_len": ctx, "tile_n": key[0],
@@ -278,21 +358,23 @@ def tune(device, smoke: bool) -> list[dict]:
 
 
 def tune_prefill(device, smoke: bool) -> list[dict]:
-    """The tiled kernel's prefill settings swept on Llama-3-8B's attention
-    (bf16): (query rows per program, keys per tile, warps, stages), timed as a
-    step of the engine's size (4,096 prompt tokens) against causal SDPA over the
-    same prompts stored contiguously."""
+    """The tiled kernel's prefill launch swept on Llama-3-8B's attention (bf16):
+    (query rows per program, keys per tile, warps, stages), each timed as a step
+    of the engine's size (4,096 prompt tokens) against causal SDPA over the same
+    prompts stored contiguously, beside the library's current default. With
+    ``--save-tuning`` the winner (the least geometric mean over the grid) is
+    committed to `attention.TUNED_TILES` under this GPU's name."""
     import itertools
     from functools import partial
 
     from pagedkv_lab.bench.kernel import _paged_copy, random_normal
     from pagedkv_lab.bench.timing import time_calls
 
-    grid = [(4, 1024), (16, 256), (2, 2048)] if not smoke else [(2, 40)]
-    rows_m, tiles, warps, stages = (64, 128), (64, 128), (4, 8), (None, 3)
+    grid = list(LADDER_PREFILL_SHAPES) if not smoke else [(2, 24)]
+    rows_m, tiles, warps, stages = (64, 128), (32, 64, 128), (4, 8), (None, 2, 3)
     if smoke:
-        rows_m, tiles, warps, stages = (64,), (64,), (4,), (None,)
-    heads, kv_heads, dim = 32, 8, 128
+        rows_m, tiles, warps, stages = (16, 32), (16,), (4,), (None,)
+    heads, kv_heads, dim = _ladder_heads(device, smoke)
     dtype = default_dtype(device)  # bf16 from sm_80, fp16 before, fp32 on a CPU
     gen = torch.Generator().manual_seed(0)
     draw_gen = torch.Generator(device).manual_seed(0)
@@ -307,17 +389,23 @@ def tune_prefill(device, smoke: bool) -> list[dict]:
         q = q4.transpose(1, 2).reshape(seqs * length, heads, dim).contiguous()
         sdpa = partial(torch.nn.functional.scaled_dot_product_attention, q4, k, v,
                        is_causal=True, enable_gqa=True)  # fmt: skip
-        calls = {"sdpa": sdpa}
+        args = (q, kc, vc, tables, lens, starts)
+        calls = {"sdpa": sdpa, "current": partial(paged_attention_tiled, *args, check=False)}
         for key in itertools.product(rows_m, tiles, warps, stages):
             calls[key] = partial(
-                paged_attention_tiled, q, kc, vc, tables, lens, starts, check=False,
+                paged_attention_tiled, *args, check=False,
                 tile_sizes=key[:2], num_warps=key[2], num_stages=key[3],
             )  # fmt: skip
         expected = sdpa().float().transpose(1, 2).reshape(q.shape)
-        error = {key: (call().float() - expected).abs().max().item()
-                 for key, call in calls.items() if key != "sdpa"}  # fmt: skip
+        error = {}
+        for key, call in list(calls.items())[1:]:
+            try:
+                error[key] = (call().float() - expected).abs().max().item()
+            except Exception as err:  # a tile too large for this card
+                print(f"  {key}: {type(err).__name__}: {str(err)[:120]}")
+                del calls[key]
         t = time_calls(calls, device, repeats=10 if not smoke else 2, graphs=list(calls))
-        base = t.pop("sdpa")
+        base, current = t.pop("sdpa"), t.pop("current")
         for key, sec in t.items():
             out.append({"seqs": seqs, "length": length, "block_m": key[0],
                         "tile_n": key[1], "num_warps": key[2], "num_stages": key[3],
@@ -325,17 +413,36 @@ def tune_prefill(device, smoke: bool) -> list[dict]:
                         "max_error": error[key]})  # fmt: skip
         print(f"  {seqs} x {length}: largest difference from SDPA over the variants "
               f"{max(error.values()):.1e}")
-        current = (*attention.TILE_SIZES["prefill"], 4, None)
         best = min(t, key=t.get)
         print(f"  {seqs} x {length}: SDPA {1e3 * base:.3f} ms, current "
-              f"{t.get(current, math.nan) / base:.2f}x, best {t[best] / base:.2f}x {best}")  # fmt: skip
+              f"{current / base:.2f}x, best {t[best] / base:.2f}x {best}")  # fmt: skip
         del q, q4, k, v, kc, vc, calls
     score = geometric_means(out, ("block_m", "tile_n", "num_warps", "num_stages"),
                             "over_sdpa")  # fmt: skip
     for key in sorted(score, key=score.get)[:5]:
         print(f"  geometric mean {score[key]:.3f}x causal SDPA: {key[0]} rows, "
               f"{key[1]} keys per tile, {key[2]} warps, stages {key[3]}")  # fmt: skip
+    if SAVE_TUNING and device.type == "cuda" and score:
+        winner = min(score, key=score.get)
+        save_tuning(torch.cuda.get_device_name(device), "prefill", winner, score[winner])
     return out
+
+
+SAVE_TUNING = False
+
+
+def save_tuning(device_name: str, kind: str, setting: tuple, score: float) -> None:
+    """Merge a sweep's winner into `attention.TUNED_TILES` (commit the file)."""
+    path = attention.TUNED_TILES
+    data = json.loads(path.read_text()) if path.exists() else {"devices": {}}
+    rows, keys, warps, stages = setting
+    data.setdefault("devices", {}).setdefault(device_name, {})[kind] = {
+        "tile_sizes": [rows, keys], "num_warps": warps, "num_stages": stages,
+        "geometric_mean_over_sdpa": round(score, 4),
+        "source": f"scripts/kernel_ladder.py --sections tune-{kind} --save-tuning",
+    }  # fmt: skip
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(f"  saved {setting} for {device_name} ({kind}) to {path}")
 
 
 def _sync(device):
@@ -344,7 +451,10 @@ def _sync(device):
 
 
 def summary(results: dict) -> list[str]:
-    lines = ["", f"{'target':68} {'measured':>12}  verdict"]
+    lines = []
+    if results.get("ladder"):
+        lines += ["the ladder: every rung at fixed shapes", *ladder_table_lines(results["ladder"])]
+    lines += ["", f"{'target':68} {'measured':>12}  verdict"]
 
     def line(what, value, ok):
         shown = "n/a" if value is None else value
@@ -372,21 +482,34 @@ def summary(results: dict) -> list[str]:
                  f"{max(first):.2f}" if first else None, None)  # fmt: skip
             line(f"decode {tag}: least fraction of copy bandwidth (>= 80%)",
                  f"{min(bw):.0%}" if bw else None, min(bw) >= 0.8 if bw else None)  # fmt: skip
+    kernel = results.get("prefill_kernel") or {}
+    gm = kernel.get("over_causal_sdpa")
+    line("prefill kernel: default / causal SDPA, geometric mean (<= 1.25)",
+         f"{gm:.2f}" if gm else None, gm <= 1.25 if gm else None)  # fmt: skip
     pre = results.get("prefill")
     line("prefill: engine / transformers SDPA tokens per second (>= 1)",
          f"{pre['engine_over_hf']:.2f}" if pre else None, pre["engine_over_hf"] >= 1 if pre else None)  # fmt: skip
     return lines
 
 
+SECTIONS = {"checks": check_kernels, "decode": decode_grid, "ladder": ladder,
+            "prefill-kernel": prefill_kernel, "prefill": prefill_comparison,
+            "tune": tune, "tune-prefill": tune_prefill}  # fmt: skip
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="kernel-report")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, any device")
-    parser.add_argument("--sections", nargs="+", default=["checks", "decode", "prefill"])
+    parser.add_argument("--sections", nargs="+", choices=list(SECTIONS),
+                        default=["checks", "decode", "ladder", "prefill-kernel", "prefill"])
+    parser.add_argument("--save-tuning", action="store_true",
+                        help="tune/tune-prefill: commit the winner to configs/tuned_tiles.json")
     parser.add_argument("--decode-dtypes", nargs="+", default=list(DECODE_DTYPES))
     parser.add_argument("--block-sizes", nargs="+", type=int, default=list(BLOCK_SIZES))
     args = parser.parse_args(argv)
-    globals().update(DECODE_DTYPES=args.decode_dtypes, BLOCK_SIZES=args.block_sizes)
+    globals().update(DECODE_DTYPES=args.decode_dtypes, BLOCK_SIZES=args.block_sizes,
+                     SAVE_TUNING=args.save_tuning)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.smoke:
         print("no CUDA GPU: run with --smoke to check the script on this machine")
@@ -395,13 +518,13 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"device": device_report(device), "failed": []}
     print(" | ".join(f"{k} {v}" for k, v in results["device"].items()))
-    sections = {"checks": check_kernels, "decode": decode_grid, "prefill": prefill_comparison,
-                "tune": tune, "tune-prefill": tune_prefill}  # fmt: skip
     for name in args.sections:
         print(f"\n== {name}")
         t0 = time.perf_counter()
         try:
-            results[name] = sections[name](device, args.smoke)
+            # results.json keys: the section's name ("prefill-kernel": "prefill_kernel")
+            key = "prefill_kernel" if name == "prefill-kernel" else name
+            results[key] = SECTIONS[name](device, args.smoke)
         except Exception:  # every section runs; the failure is reported
             traceback.print_exc()
             results["failed"].append(name)

@@ -465,3 +465,175 @@ def test_triton_prefill_on_cuda_matches_float64(shape, dtype):
         torch.testing.assert_close(out.double().cpu(), ref, atol=atol, rtol=0)
     # the dispatcher takes the tiled kernel on CUDA
     assert torch.equal(paged_prefill(*args), out)
+
+
+# ---- chapter 04's ladder: every rung a variant of the kernels above ----------
+
+from pagedkv_lab.attention import (  # noqa: E402
+    DECODE_LADDER,
+    PREFILL_LADDER,
+    TILE_SIZES,
+    TILED_SWITCHES,
+    tuned_launch,
+)
+from pagedkv_lab.attention_plots import tile_plan  # noqa: E402
+
+
+@pytest.fixture
+def split_everywhere(monkeypatch):
+    """Nothing splits by itself in the interpreter: force the first kernel's
+    partitions (2 blocks) and the tiled kernel's segments (3), so that every
+    rung's merge runs."""
+    monkeypatch.setattr(attention, "decode_partitions", lambda *a: 2)
+    monkeypatch.setattr(attention, "tiled_segments", lambda *a: 3)
+
+
+def close_to(out, ref, dtype):
+    assert out.dtype == dtype and out.shape == ref.shape and out.isfinite().all()
+    bound = TOLERANCE[dtype] * max(1.0, ref.abs().max().item())
+    assert (out.double().cpu() - ref).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rung", DECODE_LADDER, ids=lambda r: r.name)
+def test_every_decode_rung_matches_float64(poisoned, split_everywhere, rung, dtype):
+    """Odd and tiny: a group of 3 (padded to 4 rows), head_dim 24, a shared block."""
+    q, k, v, tables, lens = problem(7, 3, 6, 2, 24, 8, 5, dtype, share=True)
+    ref = reference_paged_attention(q, k, v, tables, lens)
+    close_to(rung(*on_device(q, k, v, tables, lens)), ref, dtype)
+
+
+# new tokens, cached tokens, heads, kv_heads, head_dim, block size
+RUNG_PREFILL_SHAPES = [
+    ([5, 1, 19, 0], [11, 0, 30, 4], 6, 2, 24, 8),  # chunks, a decode row, no queries
+    ([33, 2], [0, 40], 8, 2, 64, 32),  # a whole prompt; a tile inside one block
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", RUNG_PREFILL_SHAPES)
+@pytest.mark.parametrize("rung", PREFILL_LADDER, ids=lambda r: r.name)
+def test_every_prefill_rung_matches_float64(poisoned, split_everywhere, rung, shape, dtype):
+    """Prefix-cache hits and chunks (new tokens after cached ones), a sequence
+    with no new tokens, tiles that span blocks and tiles inside one block."""
+    q, k, v, tables, ctx, starts = prefill_problem(4, *shape, dtype)
+    ref = reference_paged_attention(q, k, v, tables, ctx, starts)
+    close_to(rung(*on_device(q, k, v, tables, ctx), starts.to(DEVICE)), ref, dtype)
+
+
+@pytest.mark.parametrize("segments", [1, 3])
+def test_masks_and_lookups_change_no_result(poisoned, segments):
+    """Masking only the diagonal and looking blocks up once per run compute the
+    same numbers as masking every tile and looking up every key."""
+    q, k, v, tables, ctx, starts = prefill_problem(
+        6, [40, 3, 70], [9, 0, 21], 8, 2, 64, 16, torch.float32
+    )
+    args = on_device(q, k, v, tables, ctx, starts)
+    outs = [
+        paged_attention_tiled(*args, num_segments=segments, mask_every_tile=m, block_runs=r)
+        for m in (True, False)
+        for r in (False, True)
+    ]
+    for out in outs[1:]:
+        torch.testing.assert_close(out, outs[0], atol=1e-6, rtol=0)
+
+
+def test_block_runs_take_any_block_size_and_tile():
+    """Runs inside one block (a tile shorter than a block), one key per block,
+    and block sizes that are not powers of two (per-key lookups instead)."""
+    for bs, tile_n in [(32, 16), (1, 16), (5, 32), (16, 64)]:
+        q, k, v, tables, ctx, starts = prefill_problem(
+            8, [12, 30], [7, 0], 4, 2, 16, bs, torch.float32
+        )
+        ref = reference_paged_attention(q, k, v, tables, ctx, starts)
+        out = paged_attention_tiled(*on_device(q, k, v, tables, ctx, starts),
+                                    tile_sizes=(16, tile_n), block_runs=True)  # fmt: skip
+        close_to(out, ref, torch.float32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 300),  # context length
+    st.integers(1, 300),  # queries
+    st.sampled_from([1, 4, 16, 32]),  # BLOCK_Q
+    st.sampled_from([16, 64, 128]),  # TILE_N
+    st.data(),
+)
+def test_tile_plan_reads_whole_masks_the_diagonal_and_skips_the_rest(
+    ctx, q_len, block_q, tile_n, data
+):
+    """`tile_plan` (the kernel's loop bounds, in Python): every key of a whole tile
+    is visible to every row of the Q-block, a skipped tile to none, and the
+    masked tiles are only those the diagonal (or the last key) crosses."""
+    q_len = min(q_len, ctx)
+    first_q = data.draw(st.sampled_from(range(0, q_len, block_q)))
+    prefix = ctx - q_len
+    first_pos = prefix + first_q
+    last_pos = prefix + min(first_q + block_q, q_len) - 1
+    whole, masked, skipped = tile_plan(ctx, q_len, first_q, block_q, tile_n)
+    assert list(whole) + list(masked) + list(skipped) == list(range(-(-ctx // tile_n)))
+    for t in whole:  # seen whole by the block's first row, so by every row
+        assert (t + 1) * tile_n - 1 <= first_pos
+    for t in skipped:  # past the block's last row
+        assert t * tile_n > last_pos
+    for t in masked:
+        assert t * tile_n <= last_pos and (t + 1) * tile_n - 1 > first_pos or (
+            (t + 1) * tile_n > ctx
+        )
+    every = tile_plan(ctx, q_len, first_q, block_q, tile_n, mask_every_tile=True)
+    assert not every[0] and list(every[1]) == list(whole) + list(masked)
+
+
+def test_unknown_switches_are_an_error():
+    q, k, v, tables, lens = on_device(*problem(0, 2, 4, 2, 16, 8, 2))
+    with pytest.raises(TypeError, match="unknown switches"):
+        paged_attention_tiled(q, k, v, tables, lens, fast=True)
+
+
+def test_tuned_launch_reads_the_committed_file(monkeypatch, tmp_path):
+    import json
+
+    assert "devices" in json.loads(attention.TUNED_TILES.read_text())  # shipped, valid
+    path = tmp_path / "tuned_tiles.json"
+    entry = {"prefill": {"tile_sizes": [128, 64], "num_warps": 8, "num_stages": 3,
+                         "source": "a sweep"}}  # fmt: skip
+    path.write_text(json.dumps({"devices": {"NVIDIA H100 80GB HBM3": entry}}))
+    monkeypatch.setattr(attention, "TUNED_TILES", path)
+    tuned_launch.cache_clear()
+    try:
+        got = tuned_launch("NVIDIA H100 80GB HBM3", "prefill")
+        assert got == {"tile_sizes": (128, 64), "num_warps": 8, "num_stages": 3}
+        assert tuned_launch("NVIDIA H100 80GB HBM3", "decode") == {}
+        assert tuned_launch("Tesla T4", "prefill") == {}
+        path.write_text("not json")
+        tuned_launch.cache_clear()
+        assert tuned_launch("NVIDIA H100 80GB HBM3", "prefill") == {}
+    finally:
+        tuned_launch.cache_clear()
+
+
+def rung_settings(rung, kind):
+    o = {**TILED_SWITCHES[kind], **rung.options}
+    rows, keys = o.get("tile_sizes", TILE_SIZES[kind])
+    return {"dot": o["dot"], "rows": rows, "keys": keys, "split": rung.split,
+            "fused_merge": o["fused_merge"], "mask_every_tile": o["mask_every_tile"],
+            "block_runs": o["block_runs"], "num_warps": o.get("num_warps"),
+            "num_stages": o.get("num_stages")}  # fmt: skip
+
+
+#: What one rung may change at once: tl.dot needs its 16 rows; a launch
+#: configuration is rows, warps and stages together.
+ONE_CHANGE = [{"dot", "rows"}, {"keys"}, {"split"}, {"fused_merge"},
+              {"mask_every_tile"}, {"block_runs"}, {"rows", "num_warps", "num_stages"}]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_every_tiled_rung_changes_one_setting(kind):
+    ladder = DECODE_LADDER if kind == "decode" else PREFILL_LADDER
+    assert len(ladder) >= 6 and ladder[-1].options == {}  # the top rung: the default
+    assert [r.kernel for r in ladder[:2]] == ["torch", "first"]
+    tiled = [r for r in ladder if r.kernel == "tiled"]
+    for below, rung in zip(tiled, tiled[1:]):
+        a, b = rung_settings(below, kind), rung_settings(rung, kind)
+        changed = {key for key in a if a[key] != b[key]}
+        assert changed and any(changed <= group for group in ONE_CHANGE), (rung.name, changed)

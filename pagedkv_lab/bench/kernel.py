@@ -3,7 +3,9 @@ benchmark (`python -m pagedkv_lab.bench kernel`) and its tables."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from functools import partial
 
 import torch
@@ -313,3 +315,369 @@ def parse_kernel_tables(text: str) -> list[dict]:
             "fraction_of_copy": float(words[8][:-1]) / 100,
         })  # fmt: skip
     return rows
+
+
+# ---- the ladder: every rung of chapter 04's climb at fixed shapes -----------
+
+#: Decode shapes (batch, context) every rung is timed at: a small batch whose
+#: programs are few (segments and the merge matter), a long context, a batch
+#: that fills an H100 with segments, and one that fills it without.
+LADDER_DECODE_SHAPES = ((8, 1024), (8, 16384), (64, 4096), (256, 4096))
+#: Prefill steps of 4,096 prompt tokens split three ways (prompts x tokens).
+LADDER_PREFILL_SHAPES = ((4, 1024), (16, 256), (2, 2048))
+#: Llama-3-8B's attention heads (query heads, KV heads, head_dim): the report's.
+LADDER_HEADS = (32, 8, 128)
+
+
+def _rung_row(index: int, rung, kind: str) -> dict:
+    return {"kind": kind, "rung": index, "name": rung.name, "change": rung.change,
+            "prediction": rung.predicts, "traffic": rung.traffic,
+            "kernel": rung.kernel}  # fmt: skip
+
+
+def _time_rungs(rows: dict, calls: dict, device, repeats: int) -> dict:
+    """Time ``calls`` (a baseline, then one call per rung row) side by side: on a
+    GPU the PyTorch rungs, which read lengths back to the host, as launched and
+    every other call as CUDA-graph replays. A rung that raises (a variant that
+    does not compile on this card) gets its error in its row; the rest run."""
+    ok = {}
+    for name, call in calls.items():
+        try:
+            call()
+            ok[name] = call
+        except Exception as err:
+            if name not in rows:
+                raise
+            rows[name]["error"] = f"{type(err).__name__}: {err}"[:300]
+    cuda = device.type == "cuda"
+    graphs = [n for n in ok if n not in rows or rows[n]["kernel"] != "torch"]
+    for name, row in rows.items():
+        row["timed"] = "graph replays" if cuda and name in graphs else "launched"
+    return time_calls(ok, device, repeats, graphs=graphs if cuda else ())
+
+
+def decode_ladder_benchmark(
+    device: torch.device, rungs, shapes=LADDER_DECODE_SHAPES, *, heads=LADDER_HEADS,
+    block_size: int = 16, dtype: torch.dtype | None = None, repeats: int = 20,
+    seed: int = 0, max_kv_bytes: int | None = None,
+) -> list[dict]:  # fmt: skip
+    """Every decode rung at every shape, beside contiguous SDPA over the same K/V
+    (`kernel_benchmark`'s setup): time over SDPA's, GB/s of K/V, and the share
+    of a device-to-device copy's bandwidth. Rows over ``max_kv_bytes`` (default
+    `max_row_kv_bytes`) are left out."""
+    from ..device import default_dtype
+
+    num_heads, kv_heads, head_dim = heads
+    dtype = dtype or default_dtype(device)
+    cap = max_row_kv_bytes(device) if max_kv_bytes is None else max_kv_bytes
+    gen = torch.Generator().manual_seed(seed)
+    draw_gen = torch.Generator(device).manual_seed(seed) if device.type == "cuda" else gen
+    out = []
+    for batch, ctx in shapes:
+        kv_bytes = 2 * batch * kv_heads * ctx * head_dim * dtype.itemsize
+        if cap and kv_bytes > cap:
+            continue
+        q = random_normal((batch, num_heads, head_dim), dtype, device, draw_gen)
+        k, v = (random_normal((batch, kv_heads, ctx, head_dim), dtype, device, draw_gen)
+                for _ in range(2))  # fmt: skip
+        kc, vc, tables = _paged_copy(k, v, block_size, gen)
+        lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
+        rows = {}
+        calls = {"contiguous": partial(_contiguous_decode, q, k, v, num_heads != kv_heads)}
+        for i, rung in enumerate(rungs):
+            rows[i] = _rung_row(i, rung, "decode") | {
+                "batch": batch, "context_len": ctx, "dtype": str(dtype)[6:],
+                "block_size": block_size, "kv_bytes": kv_bytes}  # fmt: skip
+            calls[i] = partial(rung, q, kc, vc, tables, lens)
+        expected = calls["contiguous"]().float()
+        t = _time_rungs(rows, calls, device, repeats)
+        src = torch.empty(kv_bytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        copy_GBps = 2 * kv_bytes / time_call(partial(dst.copy_, src), device, repeats) / 1e9
+        for i, row in rows.items():
+            if i in t:
+                err = (calls[i]().float() - expected).abs().max().item()
+                row.update(ms=1e3 * t[i], contiguous_ms=1e3 * t["contiguous"],
+                           over_contiguous=t[i] / t["contiguous"], max_error=err,
+                           GBps=kv_bytes / t[i] / 1e9, copy_GBps=copy_GBps,
+                           fraction_of_copy=kv_bytes / t[i] / 1e9 / copy_GBps)  # fmt: skip
+            out.append(row)
+        del q, k, v, kc, vc, calls, src, dst
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def causal_attention_flops(seqs: int, length: int, heads: int, head_dim: int) -> int:
+    """Multiply-adds x 2 of causal attention over ``seqs`` prompts of ``length``
+    tokens: scores and weighted values, each 2 x head_dim per visible pair."""
+    return 4 * head_dim * heads * seqs * length * (length + 1) // 2
+
+
+def prefill_ladder_benchmark(
+    device: torch.device, rungs, shapes=LADDER_PREFILL_SHAPES, *, heads=LADDER_HEADS,
+    block_size: int = 16, dtype: torch.dtype | None = None, repeats: int = 10,
+    seed: int = 0,
+) -> list[dict]:  # fmt: skip
+    """Every prefill rung at every (prompts, tokens) shape, the prompts stored in
+    shuffled blocks, beside causal SDPA over the same prompts stored
+    contiguously: time over SDPA's and the rung's TFLOPS."""
+    from ..device import default_dtype
+
+    num_heads, kv_heads, head_dim = heads
+    dtype = dtype or default_dtype(device)
+    gen = torch.Generator().manual_seed(seed)
+    draw_gen = torch.Generator(device).manual_seed(seed) if device.type == "cuda" else gen
+    out = []
+    for seqs, length in shapes:
+        q4 = random_normal((seqs, num_heads, length, head_dim), dtype, device, draw_gen)
+        k, v = (random_normal((seqs, kv_heads, length, head_dim), dtype, device, draw_gen)
+                for _ in range(2))  # fmt: skip
+        kc, vc, tables = _paged_copy(k, v, block_size, gen)
+        lens = torch.full((seqs,), length, dtype=torch.int64, device=device)
+        starts = torch.arange(seqs + 1, device=device) * length
+        q = q4.transpose(1, 2).reshape(seqs * length, num_heads, head_dim).contiguous()
+        calls = {"sdpa": partial(F.scaled_dot_product_attention, q4, k, v,
+                                 is_causal=True, enable_gqa=num_heads != kv_heads)}  # fmt: skip
+        flops = causal_attention_flops(seqs, length, num_heads, head_dim)
+        rows = {}
+        for i, rung in enumerate(rungs):
+            rows[i] = _rung_row(i, rung, "prefill") | {
+                "seqs": seqs, "length": length, "dtype": str(dtype)[6:],
+                "block_size": block_size}  # fmt: skip
+            calls[i] = partial(rung, q, kc, vc, tables, lens, starts)
+        expected = calls["sdpa"]().float().transpose(1, 2).reshape(q.shape)
+        t = _time_rungs(rows, calls, device, repeats)
+        for i, row in rows.items():
+            if i in t:
+                err = (calls[i]().float() - expected).abs().max().item()
+                row.update(ms=1e3 * t[i], sdpa_ms=1e3 * t["sdpa"], max_error=err,
+                           over_causal_sdpa=t[i] / t["sdpa"],
+                           TFLOPS=flops / t[i] / 1e12)  # fmt: skip
+            out.append(row)
+        del q, q4, k, v, kc, vc, calls
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def geometric_mean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(x) for x in values) / len(values))
+
+
+def print_ladder_table(rows: list[dict]) -> None:
+    """Print `ladder_table_lines` (one print call)."""
+    print("\n".join(ladder_table_lines(rows)))
+
+
+def ladder_table_lines(rows: list[dict]) -> list[str]:
+    """The per-rung table of `decode_ladder_benchmark` and
+    `prefill_ladder_benchmark` rows: one line per rung and shape."""
+    lines = []
+    for kind in ("decode", "prefill"):
+        mine = [r for r in rows if r["kind"] == kind]
+        if not mine:
+            continue
+        if kind == "decode":
+            lines.append(f"{'rung':38} {'batch':>5} {'context':>7} {'ms':>8} "
+                         f"{'x SDPA':>7} {'GB/s':>8} {'of copy':>7}")  # fmt: skip
+        else:
+            lines.append(f"{'rung':38} {'prompts':>7} {'tokens':>6} {'ms':>8} "
+                         f"{'x causal SDPA':>13} {'TFLOPS':>7}")  # fmt: skip
+        for r in mine:
+            name = f"{r['rung']} {r['name']}"[:38]
+            if "error" in r or "ms" not in r:
+                what = r.get("error", "not run")[:60]
+                lines.append(f"{name:38} {r.get('batch', r.get('seqs')):>5} "
+                             f"{r.get('context_len', r.get('length')):>7} {what}")  # fmt: skip
+            elif kind == "decode":
+                lines.append(f"{name:38} {r['batch']:5} {r['context_len']:7} "
+                             f"{r['ms']:8.3f} {r['over_contiguous']:7.2f} "
+                             f"{r['GBps']:8.4g} {r['fraction_of_copy']:7.0%}")  # fmt: skip
+            else:
+                lines.append(f"{name:38} {r['seqs']:7} {r['length']:6} {r['ms']:8.3f} "
+                             f"{r['over_causal_sdpa']:13.2f} {r['TFLOPS']:7.4g}")  # fmt: skip
+        lines.append("")
+    return lines
+
+
+# ---- reading a committed report folder back ---------------------------------
+
+_SETTING = r"\(([^)]*)\)"
+
+
+def _setting(text: str) -> tuple:
+    """``"128, 2, 4, None"`` -> ``(128, 2, 4, None)``."""
+    return tuple(None if x.strip() == "None" else int(x) for x in text.split(","))
+
+
+def parse_tune_lines(text: str) -> list[dict]:
+    """The per-shape lines of ``kernel_ladder.py --sections tune`` (decode):
+    ``batch B context C: contiguous X ms, default Dx, best Bx (tile, programs
+    per SM, warps, stages)``; the sweep prints only each shape's default and best."""
+    pattern = (r"batch\s+(\d+) context\s+(\d+): contiguous ([0-9.]+) ms, default "
+               rf"([0-9.]+)x, best ([0-9.]+)x {_SETTING}")  # fmt: skip
+    return [
+        {"batch": int(b), "context_len": int(c), "contiguous_ms": float(ms),
+         "default_over_contiguous": float(d), "best_over_contiguous": float(best),
+         "best_setting": _setting(key)}  # fmt: skip
+        for b, c, ms, d, best, key in re.findall(pattern, text)
+    ]
+
+
+def parse_tune_prefill_lines(text: str) -> dict:
+    """``kernel_ladder.py --sections tune-prefill``'s output: per shape the SDPA
+    time and the current and best settings' ratios, and the settings' geometric
+    means over the grid ((rows, keys, warps, stages) -> ratio)."""
+    pattern = (r"(\d+) x (\d+): SDPA ([0-9.]+) ms, current ([0-9.]+)x, best "
+               rf"([0-9.]+)x {_SETTING}")  # fmt: skip
+    shapes = [
+        {"seqs": int(s), "length": int(n), "sdpa_ms": float(ms),
+         "current_over_causal_sdpa": float(cur), "best_over_causal_sdpa": float(b),
+         "best_setting": _setting(key)}  # fmt: skip
+        for s, n, ms, cur, b, key in re.findall(pattern, text)
+    ]
+    means = {}
+    mean_pattern = (r"geometric mean ([0-9.]+)x causal SDPA: (\d+) rows, (\d+) keys "
+                    r"per tile, (\d+) warps, stages (\w+)")  # fmt: skip
+    for ratio, rows_m, keys, warps, stages in re.findall(mean_pattern, text):
+        setting = _setting(f"{rows_m}, {keys}, {warps}, {stages}")
+        means[setting] = float(ratio)
+    return {"shapes": shapes, "geometric_means": means}
+
+
+#: Where the H100 report measured decode rungs before `kernel_ladder.py` had a
+#: ladder section: rung name -> (file, what to read). The tables' columns are
+#: `parse_kernel_tables`' fields; a tuple is a setting of ``--sections tune``
+#: (keys per tile, programs per SM, warps, stages), found only at the shapes
+#: where it was the sweep's best (the only setting besides the default printed).
+REPORT_DECODE_SOURCES = {
+    "PyTorch gather + SDPA": ("kernel_decode_after.txt", "torch_over_contiguous"),
+    "first kernel": ("kernel_decode_after.txt", "first_triton_over_contiguous"),
+    "split-KV segments": ("kernel_decode_before.txt", "paged_over_contiguous"),
+    "128-key tiles": ("kernel_tune.txt", (128, 2, 4, None)),
+    "one fused merge": ("kernel_decode_after.txt", "paged_over_contiguous"),
+}
+#: The same for prefill: the sweep's "current" setting, the kernel as it was then.
+REPORT_PREFILL_SOURCES = {
+    "Q-blocks, every tile masked": ("kernel_tune_prefill.txt", "current"),
+}
+
+
+def committed_ladder(report, decode_rungs, prefill_rungs, *,
+                     decode_shapes=LADDER_DECODE_SHAPES,
+                     prefill_shapes=LADDER_PREFILL_SHAPES,
+                     heads=LADDER_HEADS, itemsize: int = 2,
+                     multiprocessors: int = 132) -> list[dict]:  # fmt: skip
+    """Every rung at every ladder shape, with the figure a committed report
+    folder holds for it, or ``measured=False`` where none does.
+
+    A ladder run's own rows (``kernel_ladder.json``: ``kernel_ladder.py``'s
+    results.json "ladder") come first; for the rest, `REPORT_DECODE_SOURCES`
+    and `REPORT_PREFILL_SOURCES`. GB/s is the K/V bytes (``heads``' KV heads and
+    head_dim, ``itemsize`` bytes each) over time / SDPA x SDPA's milliseconds,
+    and the copy bandwidth the "after" table's GB/s over its share of copy:
+    arithmetic on the files' figures (``derived``). A sweep's setting also
+    counts where the sweep's best differs from it only in programs per
+    multiprocessor and both gave one segment (the same launch; ``multiprocessors``
+    is the H100's); where the setting is not found, ``at_least`` is the sweep's
+    best at that shape, which no setting beat."""
+    from pathlib import Path
+
+    report = Path(report)
+    ladder = report / "kernel_ladder.json"
+    own = {}
+    if ladder.exists():
+        for r in json.loads(ladder.read_text()):
+            shape = (r.get("batch"), r.get("context_len")) if r["kind"] == "decode" \
+                else (r.get("seqs"), r.get("length"))  # fmt: skip
+            if "ms" in r:
+                own[(r["kind"], r["name"], shape)] = r
+    read = _report_readers(report, kv_heads=heads[1], multiprocessors=multiprocessors)
+    _, kv_heads, head_dim = heads
+    rows = []
+    for kind, rungs, shapes in (("decode", decode_rungs, decode_shapes),
+                                ("prefill", prefill_rungs, prefill_shapes)):  # fmt: skip
+        for i, rung in enumerate(rungs):
+            for shape in shapes:
+                row = _rung_row(i, rung, kind) | {"shape": shape, "measured": False}
+                found = own.get((kind, rung.name, shape))
+                if found is not None:
+                    row.update(found, measured=True, source="kernel_ladder.json",
+                               derived=False)  # fmt: skip
+                else:
+                    row.update(read(kind, rung.name, shape))
+                if kind == "decode" and row.get("over_contiguous") and not row.get("GBps"):
+                    kv_bytes = 2 * shape[0] * kv_heads * shape[1] * head_dim * itemsize
+                    ms = row["over_contiguous"] * row["contiguous_ms"]
+                    row.update(GBps=kv_bytes / ms / 1e6, derived=True)
+                rows.append(row)
+    return rows
+
+
+def _same_launch(best: tuple, wanted: tuple, batch: int, kv_heads: int, sms: int) -> bool:
+    """Two ``--sections tune`` settings launch the same kernel at this batch:
+    equal but for programs per SM, and both give one segment there (the sweep
+    counted ``batch x kv_heads x 2`` programs)."""
+    if best == wanted:
+        return True
+    alike = (best[0], best[2], best[3]) == (wanted[0], wanted[2], wanted[3])
+    return alike and batch * kv_heads * 2 >= max(best[1], wanted[1]) * sms
+
+
+def _report_readers(report, kv_heads: int, multiprocessors: int):
+    """``read(kind, rung name, shape)``: a dict of what the report's older files
+    hold for that rung at that shape (empty when nothing)."""
+    files = {}
+
+    def text(name):
+        if name not in files:
+            path = report / name
+            files[name] = path.read_text() if path.exists() else None
+        return files[name]
+
+    def table(name):
+        found = text(name)
+        rows = parse_kernel_tables(found) if found else []
+        return {(r["batch"], r["context_len"]): r for r in rows
+                if r["dtype"] in (None, "bfloat16") and r["block_size"] in (None, 16)}  # fmt: skip
+
+    def read(kind, name, shape):
+        sources = REPORT_DECODE_SOURCES if kind == "decode" else REPORT_PREFILL_SOURCES
+        if name not in sources or text(sources[name][0]) is None:
+            return {}
+        file, what = sources[name]
+        after = table("kernel_decode_after.txt").get(shape) if kind == "decode" else None
+        copy = {}
+        if after:
+            copy = {"copy_GBps": after["paged_GBps"] / after["fraction_of_copy"]}
+        if kind == "prefill":
+            got = [s for s in parse_tune_prefill_lines(text(file))["shapes"]
+                   if (s["seqs"], s["length"]) == shape]  # fmt: skip
+            if not got:
+                return {}
+            return {"measured": True, "source": file, "derived": False,
+                    "over_causal_sdpa": got[0]["current_over_causal_sdpa"],
+                    "sdpa_ms": got[0]["sdpa_ms"], "timed": "graph replays"}  # fmt: skip
+        if isinstance(what, tuple):  # a sweep's setting, where it was the best
+            at = [r for r in parse_tune_lines(text(file))
+                  if (r["batch"], r["context_len"]) == shape]  # fmt: skip
+            got = [r for r in at if _same_launch(r["best_setting"], what, shape[0],
+                                                 kv_heads, multiprocessors)]  # fmt: skip
+            if not got:
+                return {"at_least": at[0]["best_over_contiguous"], "source": file} if at else {}
+            return {"measured": True, "source": file, "derived": True, **copy,
+                    "over_contiguous": got[0]["best_over_contiguous"],
+                    "contiguous_ms": got[0]["contiguous_ms"], "timed": "graph replays"}  # fmt: skip
+        row = table(file).get(shape)
+        if row is None:
+            return {}
+        got = {"measured": True, "source": file, "over_contiguous": row[what],
+               "contiguous_ms": row["contiguous_ms"], "derived": what != "paged_over_contiguous",
+               "timed": "launched" if what == "torch_over_contiguous" else "graph replays", **copy}  # fmt: skip
+        if what == "paged_over_contiguous":
+            got.update(GBps=row["paged_GBps"], fraction_of_copy=row["fraction_of_copy"])
+        return got
+
+    return read

@@ -1,0 +1,231 @@
+"""Figures of chapter 04's kernels: how a program walks the blocks, the tiled
+kernel's Q-block and tiles, and the ladder of measured rungs. Drawing only; the
+numbers come from the caller (`pagedkv_lab.attention`, `bench.kernel`)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from .plotting import COLORS, SERIES
+
+#: The ladder's colours, one meaning each in every panel.
+MEASURED_KERNEL = SERIES[0]  # a kernel timed as CUDA-graph replays
+MEASURED_LAUNCHED = SERIES[1]  # the PyTorch path, timed as launched from Python
+#: The tiled kernel's tiles by what a program does with them.
+TILE_WHOLE, TILE_MASKED, TILE_SKIPPED = SERIES[0], SERIES[4], COLORS["free"]
+
+
+def tile_plan(context_len: int, q_len: int, first_q: int, block_q: int,
+              tile_n: int, mask_every_tile: bool = False):  # fmt: skip
+    """What one program of the tiled kernel (one segment) does with each tile of
+    a sequence's keys, by the kernel's own bounds: ``(whole, masked, skipped)``
+    ranges of tile numbers. Whole tiles hold keys every row of the Q-block sees;
+    masked ones the diagonal (and the last key); skipped ones are never read."""
+    prefix = context_len - q_len
+    kv_len = min(context_len, prefix + first_q + block_q)
+    num_tiles = -(-kv_len // tile_n)
+    whole = 0 if mask_every_tile else min(num_tiles, (prefix + first_q + 1) // tile_n)
+    return (range(whole), range(whole, num_tiles),
+            range(num_tiles, -(-context_len // tile_n)))  # fmt: skip
+
+
+def plot_first_kernel_walk(lens, tables, block_size: int, pool: int, pick=(1, 0)):
+    """The first kernel: its grid (one program per sequence and KV head) and one
+    program's walk through its sequence's block table into the pool."""
+    fig, (ax_grid, ax_walk) = plt.subplots(
+        1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 2.6]}
+    )
+    seqs_shown, kv_shown = len(lens), 2
+    for s in range(seqs_shown):
+        for h in range(kv_shown):
+            color = SERIES[1] if (s, h) == pick else COLORS["reserved"]
+            y = seqs_shown - 1 - s
+            ax_grid.add_patch(Rectangle((h, y), 0.92, 0.88, color=color))
+            ax_grid.text(h + 0.46, y + 0.44, f"({s}, {h})", ha="center", va="center")
+    ax_grid.set_xlim(-0.1, kv_shown)
+    ax_grid.set_ylim(-0.1, seqs_shown)
+    ax_grid.set_xticks([0.46, 1.46], ["KV head 0", "KV head 1"])
+    ax_grid.set_yticks([seqs_shown - 0.56 - s for s in range(seqs_shown)],
+                       [f"seq {s}" for s in range(seqs_shown)])  # fmt: skip
+    ax_grid.grid(False)
+    ax_grid.set_title("the grid: one program per\n(sequence, KV head, partition)")
+    seq = pick[0]
+    n_blocks = -(-int(lens[seq]) // block_size)
+    row = [int(b) for b in tables[seq, :n_blocks]]
+    width = n_blocks * 1.2
+    cell = width / pool
+    for j, phys in enumerate(row):  # the block table, in logical order
+        ax_walk.add_patch(Rectangle((j * 1.2, 2), 1, 0.8, color=COLORS["used"]))
+        ax_walk.text(j * 1.2 + 0.5, 2.4, str(phys), ha="center", va="center", color="w")
+        ax_walk.text(j * 1.2 + 0.5, 3.0, f"logical {j}", ha="center", fontsize=8)
+        ax_walk.add_patch(FancyArrowPatch(
+            (j * 1.2 + 0.5, 2), (phys * cell + cell * 0.42, 0.62), arrowstyle="->",
+            mutation_scale=10, color=SERIES[1]))  # fmt: skip
+        ax_walk.text(j * 1.2 + 0.05, 1.72, f"step {j + 1}", fontsize=7, color=SERIES[1])
+    for b in range(pool):  # the pool, in physical order
+        color = COLORS["used"] if b in row else COLORS["free"]
+        ax_walk.add_patch(Rectangle((b * cell, 0), cell * 0.85, 0.6, color=color))
+        if b in row:  # label the sequence's blocks, staggered when neighbours
+            y = -0.55 if b - 1 in row else -0.25
+            ax_walk.text(b * cell + cell * 0.42, y, str(b), ha="center", fontsize=8)
+    ax_walk.text(width * 0.35, -0.85, f"the pool: {pool} physical blocks, in id order")
+    ax_walk.text(width + 0.2, 1.6, "each step:\nload the block's\nkeys, score the\n"
+                 "group, update\nm and norm,\nacc += p v", fontsize=8)  # fmt: skip
+    ax_walk.set_xlim(-0.2, width + 2.0)
+    ax_walk.set_ylim(-1.0, 3.4)
+    ax_walk.axis("off")
+    ax_walk.set_title(f"program {pick} walks sequence {seq}'s block table\n"
+                      f"({int(lens[seq])} tokens in blocks of {block_size})")  # fmt: skip
+    return fig
+
+
+def _q_block_panel(ax, group: int, block_q: int, real_positions: int, title: str):
+    """Rows of one Q-block: (position, head) pairs, padding hatched."""
+    rows = block_q * group
+    for r in range(rows):
+        pos, head = divmod(r, group)
+        real = pos < real_positions
+        ax.add_patch(Rectangle((0, rows - 1 - r), 3, 0.9, hatch=None if real else "///",
+                               facecolor=SERIES[head % 4] if real else "white",
+                               edgecolor=SERIES[head % 4]))  # fmt: skip
+        ax.text(1.5, rows - 0.55 - r, f"position {pos}, head {head}", ha="center",
+                va="center", fontsize=7, color="w" if real else "black")  # fmt: skip
+    ax.text(3.3, rows / 2, f"BLOCK_M = {block_q} x {group}\n= {rows} rows of\n"
+            "tl.dot's left side", va="center", fontsize=8)  # fmt: skip
+    ax.set_xlim(-0.1, 6)
+    ax.set_ylim(-0.2, rows + 0.2)
+    ax.axis("off")
+    ax.set_title(title, fontsize=9)
+
+
+def plot_q_block_and_tiles(group: int, block_q: int, block_size: int, tile_n: int,
+                           table, prompt: int, prefill_block_q: int):  # fmt: skip
+    """Three panels: a decode Q-block (one real position, the rest padding); a
+    tile of ``tile_n`` keys spanning blocks scattered in the pool through the
+    block ``table``; and, for a prompt of ``prompt`` tokens, what each Q-block of
+    ``prefill_block_q`` positions does with each tile (`tile_plan`)."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.2),
+                             gridspec_kw={"width_ratios": [1.1, 1.5, 1.3]})  # fmt: skip
+    _q_block_panel(axes[0], group, block_q, 1,
+                   f"decode Q-block: {block_q} positions x {group} heads\n"
+                   "(one real position; hatched: padding)")  # fmt: skip
+    ax = axes[1]
+    per_tile = tile_n // block_size
+    for j, phys in enumerate(table[:per_tile]):
+        y = 2.2
+        ax.add_patch(Rectangle((j * 1.9, y), 1.8, 0.7, color=TILE_WHOLE))
+        ax.text(j * 1.9 + 0.9, y + 0.35, f"keys {j * block_size}-{(j + 1) * block_size - 1}",
+                ha="center", va="center", color="w", fontsize=7)  # fmt: skip
+        ax.text(j * 1.9 + 0.9, y - 0.2, f"block {int(phys)}", ha="center", fontsize=6.5)
+        ax.add_patch(FancyArrowPatch((j * 1.9 + 0.9, y), (int(phys) * 0.2 + 0.1, 0.55),
+                                     arrowstyle="->", mutation_scale=9, color=SERIES[1]))  # fmt: skip
+    pool = max(int(b) for b in table) + 2
+    for b in range(pool):
+        color = COLORS["used"] if b in [int(x) for x in table[:per_tile]] else COLORS["free"]
+        ax.add_patch(Rectangle((b * 0.2, 0), 0.17, 0.5, color=color))
+    ax.text(0, 3.15, f"one tile = {tile_n} keys = {per_tile} blocks of {block_size}"
+            " (key positions in the boxes)", fontsize=8)  # fmt: skip
+    ax.text(0, -0.45, "the pool: the tile's blocks lie anywhere", fontsize=8)
+    ax.set_xlim(-0.1, max(per_tile * 1.9, pool * 0.2) + 0.1)
+    ax.set_ylim(-0.7, 3.5)
+    ax.axis("off")
+    ax.set_title("a tile spans several blocks\n(each key's block looked up)", fontsize=9)
+    ax = axes[2]
+    n_blocks_q = -(-prompt // prefill_block_q)
+    n_tiles = -(-prompt // tile_n)
+    for i in range(n_blocks_q):
+        whole, masked, skipped = tile_plan(prompt, prompt, i * prefill_block_q,
+                                           prefill_block_q, tile_n)  # fmt: skip
+        for kind, tiles in ((TILE_WHOLE, whole), (TILE_MASKED, masked), (TILE_SKIPPED, skipped)):
+            for t in tiles:
+                ax.add_patch(Rectangle((t, n_blocks_q - 1 - i), 0.92, 0.85, color=kind))
+    handles = [Rectangle((0, 0), 1, 1, facecolor=c, edgecolor="#888888") for c in
+               (TILE_WHOLE, TILE_MASKED, TILE_SKIPPED)]  # fmt: skip
+    labels = ["read whole, no mask", "diagonal: read, masked", "past it: never read"]
+    ax.legend(handles, labels, fontsize=7, loc="upper right")
+    ax.set_xlim(0, n_tiles)
+    ax.set_ylim(0, n_blocks_q)
+    ax.set_xticks([t + 0.46 for t in range(n_tiles)], range(n_tiles))
+    shown = range(0, n_blocks_q, max(1, n_blocks_q // 8))
+    ax.set_yticks([n_blocks_q - 1 - i + 0.42 for i in shown], list(shown))
+    ax.set_xlabel(f"key tile ({tile_n} keys)")
+    ax.set_ylabel(f"Q-block ({prefill_block_q} positions each)")
+    ax.grid(False)
+    ax.set_title(f"prefill of {prompt} tokens: which tiles\neach Q-block reads",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
+    """One panel per shape, one bar per rung (`bench.kernel.committed_ladder`
+    rows): decode bars are GB/s of K/V against the copy bandwidth (dashed),
+    prefill bars time over causal SDPA (the line at 1). Blue: a kernel timed as
+    CUDA-graph replays; orange: the PyTorch path, timed as launched from Python
+    (it reads lengths back to the host and cannot be captured); a rung with no
+    committed measurement says so instead of a bar. Each bar is labelled with
+    its time over the bar's baseline."""
+    rows = [r for r in rows if r["kind"] == kind]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    rungs = sorted({r["rung"] for r in rows})
+    ncols = 2 if len(shapes) == 4 else len(shapes)  # four panels: two rows of two
+    nrows = -(-len(shapes) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(min(10, 4.8 * ncols), 3.6 * nrows + 0.5),
+                             sharey=kind == "prefill", squeeze=False)  # fmt: skip
+    axes = [list(axes.flat)]
+    ratio_key = "over_contiguous" if kind == "decode" else "over_causal_sdpa"
+    for ax, shape in zip(axes[0], shapes):
+        mine = {r["rung"]: r for r in rows if r["shape"] == shape}
+        top = max([r.get("copy_GBps") or 0 for r in mine.values()] + [1])
+        if kind == "prefill":
+            top = max([r.get(ratio_key) or 0 for r in mine.values()] + [1.25])
+        for i in rungs:
+            r = mine[i]
+            value = r.get("GBps") if kind == "decode" else r.get(ratio_key)
+            if not r.get("measured") or value is None:
+                note = "not yet measured\non a GPU"
+                if r.get("at_least"):
+                    note = f">= {r['at_least']:.2f}x\n(sweep's best)"
+                low = top * 0.03 if kind == "decode" else 1.32  # above the lines
+                ax.text(i, low, note, rotation=90, ha="center", va="bottom",
+                        fontsize=6.5, color="#555555")  # fmt: skip
+                continue
+            color = MEASURED_LAUNCHED if r.get("timed") == "launched" else MEASURED_KERNEL
+            ax.bar(i, value, color=color, width=0.7)
+            inside = value > top * 0.3  # the label inside a tall bar, else above it
+            ax.text(i, value + (-1 if inside else 1) * top * 0.02, f"{r[ratio_key]:.2f}x",
+                    ha="center", va="top" if inside else "bottom", fontsize=7.5,
+                    rotation=90, color="white" if inside else "black")  # fmt: skip
+        if kind == "decode":
+            copy = [r["copy_GBps"] for r in mine.values() if r.get("copy_GBps")]
+            if copy:
+                ax.axhline(copy[0], color="black", ls="--", lw=1)
+            ax.set_ylim(0, top * 1.3)
+            ax.set_title(f"batch {shape[0]}, {shape[1]:,} tokens", fontsize=9)
+        else:
+            ax.axhline(1.0, color="black", ls="--", lw=1)
+            ax.axhline(1.25, color="black", ls=":", lw=1)
+            ax.set_ylim(0, top * 1.35)
+            ax.set_title(f"{shape[0]} prompts x {shape[1]:,} tokens", fontsize=9)
+        ax.set_xticks(rungs)
+        ax.set_xlim(min(rungs) - 0.6, max(rungs) + 0.6)
+        ax.set_xlabel("rung")
+        ax.grid(axis="x", visible=False)
+    for ax in axes[0][::ncols]:
+        ax.set_ylabel("GB/s of K/V" if kind == "decode" else "time / causal SDPA")
+    handles = [Rectangle((0, 0), 1, 1, color=MEASURED_KERNEL),
+               Rectangle((0, 0), 1, 1, color=MEASURED_LAUNCHED)]  # fmt: skip
+    labels = ["kernel, CUDA-graph replays", "PyTorch path, launched from Python"]
+    line = plt.Line2D([], [], color="black", ls="--", lw=1)
+    handles.append(line)
+    labels.append("copy bandwidth" if kind == "decode" else "causal SDPA")
+    if kind == "prefill":
+        handles.append(plt.Line2D([], [], color="black", ls=":", lw=1))
+        labels.append("target 1.25x")
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+               bbox_to_anchor=(0.5, -0.02))  # fmt: skip
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.07 / nrows, 1, 1))
+    return fig
