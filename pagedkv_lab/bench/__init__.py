@@ -6,12 +6,10 @@
     python -m pagedkv_lab.bench all --out report/   # everything, into a report folder
 
 Results are ratios measured in the same process, on the machine at hand, never
-absolute targets. Ratios do not carry from one device to another: paged over
-contiguous decode attention measured 0.7-1.4 on the course's 2-core CPU (the
-C++ kernel) and, on an H100 80GB in November 2026, 4.4-11.2 for the first
-Triton kernel and 1.02-1.33 for the tiled one that replaced it (fp16, blocks
-of 16 and 32, `book/reports/h100`), because each device runs its own kernel
-against its own contiguous baseline.
+absolute targets. Ratios do not carry from one device to another, because each
+device runs its own kernel (the C++ kernel on a CPU, the Triton kernels on a GPU)
+against its own contiguous baseline: chapter 04 and `book/reports/h100` give the
+tables measured on each.
 
 The package, one module per part, none importing the CLI or the report:
 
