@@ -13,14 +13,57 @@ from .engine import Sequence, upload
 from .sampling import sample_batch, sample_logprobs
 
 
-class SequenceGroup:
+class GroupSampling:
+    """How a request turns a step's logits into tokens: here one token per
+    sequence; chapter 07's beam search ranks its beams together instead."""
+
+    # Whether the engine may sample this group together with others, in one
+    # batch (beam search may not: it compares its beams' logits).
+    samples_in_batch = True
+
+    def sampling_rows(
+        self, seqs: list[Sequence], block_manager
+    ) -> tuple[list[Sequence], list[int]]:
+        """The sequences that sample a token now, and for each the row of
+        ``seqs``' logits it samples from (chapter 07's parallel sampling forks
+        here: several samples read the prompt's one row)."""
+        return seqs, list(range(len(seqs)))
+
+    def accept(self, seqs, tokens, logprobs, tops, eos_token_ids, max_model_len):
+        """Append each sampled token (with its log-probability and, where the
+        request asked, its top log-probabilities) and decide who stops."""
+        for seq, token, lp, top in zip(seqs, tokens, logprobs, tops):
+            seq.append_token(token, eos_token_ids, max_model_len, lp)
+            if top is not None:
+                self.logprobs.setdefault(seq.seq_id, []).append(top)
+
+    def process(self, seqs, logits, eos_token_ids, max_model_len, block_manager):
+        """Sample one token for each of ``seqs`` (whose rows ``logits`` holds),
+        this group by itself (the engine samples most groups in one batch)."""
+        seqs, rows = self.sampling_rows(seqs, block_manager)
+        if rows != list(range(len(logits))):
+            logits = logits.index_select(0, upload(rows, torch.long, logits.device))
+        tokens, chosen = sample_batch(logits, seqs, eos_token_ids)
+        tops = sample_logprobs(logits, seqs, tokens)
+        self.accept(seqs, tokens, chosen, tops, eos_token_ids, max_model_len)
+
+    def results(self) -> list[tuple[list[int], float, str, float | None]]:
+        """Each completion: (output tokens, cumulative logprob, finish reason,
+        score), in sample order (chapter 07's beam search: best first)."""
+        seqs = sorted(self.seqs, key=lambda s: s.sample_index)
+        return [
+            (s.output_token_ids, s.cumulative_logprob, s.finish_reason, None)
+            for s in seqs
+        ]
+
+class SequenceGroup(GroupSampling):
     """A request: the sequences generated from one prompt.
 
     The scheduler admits, grows and preempts a group as a whole. Here a group
     holds one sequence; chapter 07's parallel sampling and beam search
     subclass it to hold several that share blocks. A group says what it wants
-    to compute next (`work`) and how it turns logits into tokens (`process`,
-    or `sampling_rows` and `accept` when the engine samples groups together).
+    to compute next (`work`) and, through `GroupSampling`, how it turns logits
+    into tokens.
     """
 
     def __init__(self, request_id: int, seq: Sequence, arrival_time: float = 0.0):
@@ -68,52 +111,6 @@ class SequenceGroup:
         seq = self.running_seqs[0]
         return [(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))]
 
-    def process(
-        self,
-        seqs: list[Sequence],
-        logits: torch.Tensor,
-        eos_token_ids,
-        max_model_len: int,
-        block_manager,
-    ) -> None:
-        """Sample one token for each of ``seqs`` (whose rows ``logits`` holds),
-        this group by itself (the engine samples most groups in one batch)."""
-        seqs, rows = self.sampling_rows(seqs, block_manager)
-        if rows != list(range(len(logits))):
-            logits = logits.index_select(0, upload(rows, torch.long, logits.device))
-        tokens, chosen = sample_batch(logits, seqs, eos_token_ids)
-        tops = sample_logprobs(logits, seqs, tokens)
-        self.accept(seqs, tokens, chosen, tops, eos_token_ids, max_model_len)
-
-    # Whether the engine may sample this group together with others, in one
-    # batch (chapter 07's beam search ranks its beams' logits together instead).
-    samples_in_batch = True
-
-    def sampling_rows(
-        self, seqs: list[Sequence], block_manager
-    ) -> tuple[list[Sequence], list[int]]:
-        """The sequences that sample a token now, and for each the row of
-        ``seqs``' logits it samples from (chapter 07's parallel sampling forks
-        here: several samples read the prompt's one row)."""
-        return seqs, list(range(len(seqs)))
-
-    def accept(self, seqs, tokens, logprobs, tops, eos_token_ids, max_model_len):
-        """Append each sampled token (with its log-probability and, where the
-        request asked, its top log-probabilities) and decide who stops."""
-        for seq, token, lp, top in zip(seqs, tokens, logprobs, tops):
-            seq.append_token(token, eos_token_ids, max_model_len, lp)
-            if top is not None:
-                self.logprobs.setdefault(seq.seq_id, []).append(top)
-
-    def results(self) -> list[tuple[list[int], float, str, float | None]]:
-        """Each completion: (output tokens, cumulative logprob, finish reason,
-        score), in sample order (chapter 07's beam search: best first)."""
-        seqs = sorted(self.seqs, key=lambda s: s.sample_index)
-        return [
-            (s.output_token_ids, s.cumulative_logprob, s.finish_reason, None)
-            for s in seqs
-        ]
-
 @dataclass
 class SchedulerOutput:
     """One step's plan: which sequences compute how many new tokens, and the
@@ -133,11 +130,9 @@ class SchedulerOutput:
         self.groups.append(group)
 
 class SchedulerQueues:
-    """The scheduler's state: waiting and running requests, and what happens to
-    a request's blocks when it is preempted, removed or finished. Every block
-    decision goes to the block manager (`can_allocate`, `allocate`,
-    `can_append_slots`, `append_slots`, `free`); `Scheduler` adds the
-    per-step decisions."""
+    """The scheduler's state, waiting and running requests, and what happens to
+    a request's blocks when it is preempted, removed or finished.
+    ``reserve_tokens``: admit with blocks for that many tokens (chapter 02)."""
 
     def __init__(
         self,
@@ -154,14 +149,11 @@ class SchedulerQueues:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.watermark_blocks = int(watermark * block_manager.num_blocks)
-        # Contiguous-style admission (chapter 02): take blocks for this many
-        # tokens at once.
         self.reserve_tokens = reserve_tokens
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
         self.num_preemptions = 0
-        # Tokens whose K/V preemption threw away (an upper bound on what
-        # recomputing costs: prefix caching may keep some of them).
+        # Tokens whose K/V preemption threw away (recompute's cost, at most).
         self.num_recomputed_tokens = 0
 
     def add(self, group: SequenceGroup) -> None:
@@ -175,19 +167,6 @@ class SchedulerQueues:
     def num_running_seqs(self) -> int:
         return sum(g.max_running_seqs for g in self.running)
 
-    def preempt(self, group: SequenceGroup) -> None:
-        """Free ``group``'s blocks and put it back at the head of the queue.
-
-        Its sequences keep their tokens; their K/V will be recomputed.
-        """
-        self.running.remove(group)
-        self.num_preemptions += 1
-        for seq in group.seqs:
-            self.num_recomputed_tokens += seq.num_computed_tokens
-            self.block_manager.free(seq)
-            seq.num_computed_tokens = 0
-        self.waiting.appendleft(group)
-
     def remove(self, group: SequenceGroup) -> None:
         """Take ``group`` out of the queues and free its blocks (abort, error)."""
         if group in self.running:
@@ -199,39 +178,21 @@ class SchedulerQueues:
 
     def free_finished(self) -> list[SequenceGroup]:
         """Free the blocks of finished sequences; return the requests now done."""
-        for group in self.running:
-            for seq in group.seqs:
-                if seq.is_finished:
-                    self.block_manager.free(seq)
+        for seq in (s for g in self.running for s in g.seqs if s.is_finished):
+            self.block_manager.free(seq)
         done = [g for g in self.running if g.is_finished]
         self.running = [g for g in self.running if not g.is_finished]
         return done
 
-class Scheduler(SchedulerQueues):
-    """Decides each step who computes how many tokens.
-
-    Running requests get slots for their next tokens first, in queue order;
-    when no block is free, the request at the end of the queue is preempted:
-    its blocks are freed and it will recompute its K/V. Then waiting requests
-    are admitted in arrival order while blocks (beyond a small watermark),
-    batch slots (``max_num_seqs``) and the step's token budget
-    (``max_num_batched_tokens``) last; a prompt longer than the budget left is
-    prefilled in chunks.
-    """
-
-    def schedule(self) -> SchedulerOutput:
-        """Decide this step: grow running requests (preempting if needed), admit
-        waiting ones, and return who computes how many tokens."""
-        out = SchedulerOutput()
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
-        self._schedule_waiting(out, budget)
-        out.block_copies = self.block_manager.take_copies()
-        return out
+class Growth:
+    """The first half of a step's decision (a piece of `Scheduler`): running
+    requests get slots for their next tokens, in queue order; when no block is
+    free, the request at the end of the queue is preempted."""
 
     def _order_running(self) -> None:
         """Order the running requests so that the last is the one to preempt
-        first: here arrival order, so the newest gives way (vLLM's choice: first
-        come, first served, and the newest has least to recompute)."""
+        first: here arrival order, so the newest gives way (chapter 09 offers
+        other victims)."""
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Give running requests, in order, slots for their next tokens; when
@@ -255,6 +216,21 @@ class Scheduler(SchedulerQueues):
                     budget -= n
                 i += 1
         return budget
+
+    def preempt(self, group: SequenceGroup) -> None:
+        """Free ``group``'s blocks and put it back at the head of the queue; its
+        sequences keep their tokens, whose K/V will be recomputed."""
+        self.running.remove(group)
+        self.num_preemptions += 1
+        for seq in group.seqs:
+            self.num_recomputed_tokens += seq.num_computed_tokens
+            self.block_manager.free(seq)
+            seq.num_computed_tokens = 0
+        self.waiting.appendleft(group)
+
+class Admission:
+    """The second half of a step's decision (a piece of `Scheduler`): waiting
+    requests join, first come first served, while they fit."""
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         """Admit waiting requests in arrival order while they fit."""
@@ -283,3 +259,24 @@ class Scheduler(SchedulerQueues):
             out.add(seq, n, group)
             budget -= n
         return budget
+
+class Scheduler(Growth, Admission, SchedulerQueues):
+    """Decides each step who computes how many tokens.
+
+    Running requests get slots for their next tokens first, in queue order;
+    when no block is free, the request at the end of the queue is preempted:
+    its blocks are freed and it will recompute its K/V (`Growth`). Then
+    waiting requests are admitted in arrival order while blocks (beyond a
+    small watermark), batch slots (``max_num_seqs``) and the step's token
+    budget (``max_num_batched_tokens``) last; a prompt longer than the budget
+    left is prefilled in chunks (`Admission`).
+    """
+
+    def schedule(self) -> SchedulerOutput:
+        """Decide this step: grow running requests (preempting if needed), admit
+        waiting ones, and return who computes how many tokens."""
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        self._schedule_waiting(out, budget)
+        out.block_copies = self.block_manager.take_copies()
+        return out

@@ -5,7 +5,7 @@ Each section measures its systems side by side in one run and reports ratios:
 
 * ``kernel``: paged against contiguous decode attention over a grid of batch
   sizes and context lengths (claim S1), the bandwidth each reaches against the
-  device's measured copy bandwidth (a roofline), and kernel time by block size;
+  device's measured copy bandwidth, and kernel time by block size;
 * ``serve``: this engine, transformers' ``generate`` and continuous batching, and
   vLLM where a vLLM python is found, on W1 (chat-like), W2 (uniform), W3 (a
   shared system prompt, prefix caching on everywhere it exists) and W1 under
@@ -25,6 +25,7 @@ the device (`device.by_device`); ``quick=True`` shrinks them for a CPU smoke run
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -41,7 +42,7 @@ from .common import SYSTEMS, _prompt_ids, cpu_model, scaled_chat_trace
 from .kernel import kernel_benchmark
 from .peers import find_vllm_python
 from .serve import serve_benchmark
-from .timing import time_call, time_calls
+from .timing import time_call, time_calls, trace
 
 SECTIONS = ("kernel", "serve", "sampling", "rate", "blocks")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -63,9 +64,9 @@ def kernel_section(
     block_sizes=BLOCK_SIZES,
     repeats: int | None = None,
 ) -> dict:
-    """S1 and the roofline: `bench.kernel_benchmark` over the grid, each row's
-    achieved bandwidth beside the copy bandwidth; then one shape timed at every
-    block size."""
+    """S1 and the bandwidth ceiling: `bench.kernel_benchmark` over the grid,
+    each row's achieved bandwidth beside the copy bandwidth; then one shape
+    timed at every block size."""
     batch_sizes = batch_sizes or by_device((1, 8, 32), (1, 8, 64, 256), device)
     context_lens = context_lens or by_device(
         (128, 512, 2048, 4096), (128, 1024, 4096, 16384, 32768), device
@@ -93,9 +94,16 @@ def kernel_section(
     return {"rows": rows, "copy_GBps": copy / 1e9, "by_block": by_block}
 
 
-def plot_roofline(kernel: dict, path: str | None = None):
-    """Achieved bandwidth of paged and contiguous decode against context length,
-    one panel per batch size, the device's copy bandwidth as the ceiling."""
+def plot_kernel_bandwidth(kernel: dict, path: str | None = None):
+    """Achieved K/V bandwidth of paged and contiguous decode against context
+    length, one panel per batch size, under the device's copy bandwidth.
+
+    Not a roofline: every row has the same arithmetic intensity (decode
+    attention does ``2G/b`` FLOPs per K/V byte for ``G`` query heads per KV
+    head and ``b``-byte elements, whatever the batch or context), so on a
+    roofline's intensity axis they would all sit at one point, far left of
+    any device's ridge point. What varies is how much of the bandwidth
+    ceiling each shape reaches."""
     import matplotlib.pyplot as plt
 
     from ..plotting import SERIES, use_style
@@ -119,12 +127,15 @@ def plot_roofline(kernel: dict, path: str | None = None):
     axes[0].set_ylabel("K/V read (GB/s)")
     fig.legend(
         axes[0].get_lines()[:3],
-        [f"paged ({rows[0]['path']})", "contiguous SDPA", "copy bandwidth"],
+        [f"paged ({rows[0]['path']})", "contiguous SDPA", "copy bandwidth (ceiling)"],
         fontsize=8,
         loc="lower center",
         ncol=3,
     )
-    fig.suptitle(f"Decode attention against the memory roofline ({rows[0]['dtype']})")
+    fig.suptitle(
+        f"Decode attention: K/V bandwidth reached against the copy ceiling "
+        f"({rows[0]['dtype']})"
+    )
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     if path:
         fig.savefig(path, dpi=120)
@@ -151,6 +162,34 @@ def _prefix_workload(n: int, max_model_len: int, seed: int = 3):
     return requests, [t.prompt for t in token_requests]
 
 
+def serve_workload(
+    name: str, n: int, max_model_len: int, budget_requests: int, systems
+) -> dict:
+    """One workload of `serve_section`: its requests (and prompts, where they
+    share a prefix), its KV budget in full-length requests, the systems that
+    serve it and whether prefix caching is on."""
+    from ..workloads import uniform_workload
+
+    lo, hi = max(1, 100 * max_model_len // 2048), max(2, 1024 * max_model_len // 2048)
+    w = dict(prompts=None, budget_requests=budget_requests, systems=tuple(systems))
+    w["prefix_caching"] = False
+    if name == "w1":
+        w["requests"] = scaled_chat_trace(n, max_model_len)
+    elif name == "w2":
+        w["requests"] = uniform_workload(n, low=lo, high=hi)
+    elif name == "w3-prefix":
+        w["requests"], w["prompts"] = _prefix_workload(n, max_model_len)
+        # generate has no prefix cache; the others turn theirs on
+        w["systems"] = tuple(s for s in systems if s not in ("contiguous", "hf-generate"))
+        w["prefix_caching"] = True
+    elif name == "w1-pressure":
+        w["requests"] = scaled_chat_trace(n, max_model_len, seed=1)
+        w["budget_requests"] = max(1, budget_requests // 4)
+    else:
+        raise ValueError(f"unknown workload {name!r}")
+    return w
+
+
 def serve_section(
     device: torch.device,
     model: str | None = None,
@@ -163,55 +202,74 @@ def serve_section(
     progress: Callable | None = None,
     include_vllm: bool = True,
 ) -> dict:
-    """`bench.serve_benchmark` on each workload, every system, one KV budget
-    per workload. vLLM joins when `bench.find_vllm_python` finds it (and
-    ``include_vllm``)."""
-    from ..workloads import uniform_workload
-
+    """`bench.serve_benchmark` on each workload (`serve_workload`), every
+    system, one KV budget per workload. vLLM joins when `bench.find_vllm_python`
+    finds it (and ``include_vllm``)."""
     # a 30M model is launch-bound on any GPU: a real shape there (random weights)
     model = model or by_device("small-llama", "Qwen2.5-0.5B", device)
     n = num_requests or by_device(32, 512, device)
     systems = list(SYSTEMS)
     if include_vllm and find_vllm_python(vllm_python) is not None:
         systems.append("vllm")
-    lo, hi = max(1, 100 * max_model_len // 2048), max(2, 1024 * max_model_len // 2048)
     out = {}
     for name in workloads:
-        prompts, budget, chosen, prefix = None, budget_requests, systems, False
-        if name == "w1":
-            requests = scaled_chat_trace(n, max_model_len)
-        elif name == "w2":
-            requests = uniform_workload(n, low=lo, high=hi)
-        elif name == "w3-prefix":
-            requests, prompts = _prefix_workload(n, max_model_len)
-            # generate has no prefix cache; the others turn theirs on
-            chosen = [s for s in systems if s not in ("contiguous", "hf-generate")]
-            prefix = True
-        elif name == "w1-pressure":
-            requests = scaled_chat_trace(n, max_model_len, seed=1)
-            budget = max(1, budget_requests // 4)
-        else:
-            raise ValueError(f"unknown workload {name!r}")
+        w = serve_workload(name, n, max_model_len, budget_requests, systems)
         rows, outputs = serve_benchmark(
             model,
-            requests,
+            w["requests"],
             device=device,
             max_model_len=max_model_len,
-            budget_requests=budget,
-            systems=tuple(chosen),
+            budget_requests=w["budget_requests"],
+            systems=w["systems"],
             repeats=repeats,
             vllm_python=vllm_python,
-            prompts=prompts,
-            prefix_caching=prefix,
+            prompts=w["prompts"],
+            prefix_caching=w["prefix_caching"],
         )
         first = outputs[rows[0]["system"]]
         for row in rows:
             same = sum(a == b for a, b in zip(outputs[row["system"]], first))
             row["same_tokens_as_first"] = same
-        out[name] = {"requests": len(requests), "budget_requests": budget, "rows": rows}
+        out[name] = {
+            "requests": len(w["requests"]),
+            "budget_requests": w["budget_requests"],
+            "rows": rows,
+        }
         if progress:
             progress(name)
     return out
+
+
+def serve_section_steps(
+    num_requests: int,
+    max_model_len: int = 512,
+    budget_requests: int = 8,
+    repeats: int = 3,
+    workloads=("w1", "w2", "w3-prefix", "w1-pressure"),
+    systems=SYSTEMS,
+) -> dict[str, dict[str, int]]:
+    """The forward passes `serve_section` runs, per workload and system (the
+    warm-up's and ``repeats`` rounds'), counted without a model by
+    `bench.serve.count_steps`."""
+    from .serve import count_steps
+
+    steps = {}
+    for name in workloads:
+        w = serve_workload(name, num_requests, max_model_len, budget_requests, systems)
+        rounds = count_steps(
+            w["requests"],
+            max_model_len=max_model_len,
+            budget_requests=w["budget_requests"],
+            systems=w["systems"],
+        )
+        warm = count_steps(
+            [dataclasses.replace(r, output_len=min(16, r.output_len)) for r in w["requests"][:2]],
+            max_model_len=max_model_len,
+            budget_requests=w["budget_requests"],
+            systems=w["systems"],
+        )
+        steps[name] = {s: warm[s] + repeats * rounds[s] for s in w["systems"]}
+    return steps
 
 
 def sampling_section(
@@ -291,6 +349,22 @@ def _engine_workload(
     return name, pair, _prompt_ids(requests, seed), params, budget
 
 
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival times (seconds) of ``n`` requests of a Poisson process of
+    ``rate`` requests per second: exponential gaps, seeded; the same gaps at
+    every rate, scaled."""
+    gen = torch.Generator().manual_seed(seed)
+    gaps = torch.empty(n, dtype=torch.float64).exponential_(generator=gen)
+    return (torch.cumsum(gaps, 0) / rate).tolist()
+
+
+def normalized_latency(served: list[tuple[float, int]]) -> float:
+    """The vLLM paper's normalised latency (§6.2, Fig. 12): the mean over
+    requests of end-to-end latency divided by output length, from
+    `serve_online`'s ``(latency, output tokens)`` pairs."""
+    return statistics.fmean(lat / max(1, k) for lat, k in served)
+
+
 def rate_section(
     device: torch.device,
     model: str | None = None,
@@ -300,16 +374,25 @@ def rate_section(
     loads=(0.5, 1.0, 2.0, 3.0),
     seed: int = 0,
     progress: Callable | None = None,
+    seeds=None,
 ) -> dict:
     """Normalised latency (seconds per output token, mean over requests)
     against request rate, Poisson arrivals, for this engine paged and with
     max-length reservation (chapter 02's scheme, what Orca (Max) does), one KV
     budget. Rates are multiples (``loads``) of the paged engine's offline
-    throughput in requests per second, measured first."""
+    throughput in requests per second, measured first.
+
+    ``seed`` draws the trace; each of ``seeds`` (default: ``seed`` alone) draws
+    one set of arrivals, replayed by both systems in turn (their order
+    alternates from one seed to the next). A row per system and load holds the
+    median over seeds (``normalized_latency_s``, ``p90_latency_s``) and the
+    range (``normalized_latency_min``, ``normalized_latency_max``); ``runs``
+    holds every replay."""
     from ..llm import LLM
 
     n = num_requests or by_device(48, 400, device)
     max_model_len = max_model_len or by_device(128, 512, device)
+    seeds = tuple(seeds) if seeds is not None else (seed,)
     name, pair, prompts, params, budget = _engine_workload(
         model, device, n, max_model_len, budget_requests, seed
     )
@@ -327,30 +410,112 @@ def rate_section(
     t0 = time.perf_counter()
     warm.generate(prompts, params, use_tqdm=False)
     capacity = n / (time.perf_counter() - t0)
-    gen = torch.Generator().manual_seed(seed)
-    gaps = torch.empty(n, dtype=torch.float64).exponential_(generator=gen)
-    rows = []
+    systems = (("pagedkv", False), ("max-length reservation", True))
+    runs = []
     for load in loads:
         rate = load * capacity
-        arrivals = (torch.cumsum(gaps, 0) / rate).tolist()
-        for system, reserve in (("pagedkv", False), ("max-length reservation", True)):
-            served = serve_online(engine(reserve), prompts, params, arrivals)
+        for i, s in enumerate(seeds):
+            arrivals = poisson_arrivals(n, rate, s)
+            for system, reserve in systems if i % 2 == 0 else systems[::-1]:
+                trace(f"rate {name}: {system} load {load} seed {s}")
+                served = serve_online(engine(reserve), prompts, params, arrivals)
+                runs.append(
+                    {
+                        "system": system,
+                        "load": load,
+                        "seed": s,
+                        "rate_req_per_s": rate,
+                        "normalized_latency_s": normalized_latency(served),
+                        "p90_latency_s": sorted(lat for lat, _ in served)[
+                            math.ceil(0.9 * n) - 1
+                        ],
+                    }
+                )
+        if progress:
+            progress(f"load {load}")
+    rows = []
+    for load in loads:
+        for system, _ in systems:
+            mine = [r for r in runs if r["system"] == system and r["load"] == load]
+            lat = [r["normalized_latency_s"] for r in mine]
             rows.append(
                 {
                     "system": system,
                     "load": load,
-                    "rate_req_per_s": rate,
-                    "normalized_latency_s": statistics.fmean(
-                        lat / max(1, k) for lat, k in served
-                    ),
-                    "p90_latency_s": sorted(lat for lat, _ in served)[
-                        math.ceil(0.9 * n) - 1
-                    ],
+                    "rate_req_per_s": mine[0]["rate_req_per_s"],
+                    "normalized_latency_s": statistics.median(lat),
+                    "normalized_latency_min": min(lat),
+                    "normalized_latency_max": max(lat),
+                    "p90_latency_s": statistics.median(r["p90_latency_s"] for r in mine),
+                    "seeds": len(mine),
                 }
             )
-        if progress:
-            progress(f"load {load}")
-    return {"model": name, "requests": n, "capacity_req_per_s": capacity, "rows": rows}
+    return {
+        "model": name,
+        "requests": n,
+        "capacity_req_per_s": capacity,
+        "rows": rows,
+        "runs": runs,
+    }
+
+
+def rate_section_steps(
+    num_requests: int,
+    max_model_len: int,
+    budget_requests: int = 2,
+    loads=(0.5, 1.0, 2.0, 3.0),
+    seeds=(0,),
+    seed: int = 0,
+) -> int:
+    """An estimate of `rate_section`'s forward passes, in steps of about one
+    cost, counted without a model (`bench.serve.count_steps`): the capacity
+    run of the paged engine and its warm-up, then for each load, seed and
+    system a replay counted as the arrivals' span (the paged engine's offline
+    steps over the load: the rate is ``load`` times its capacity) plus the
+    system's own offline steps. A replay overlaps the two, so this counts
+    more than it runs while the engine keeps up; a system that falls behind
+    at a high load takes more steps online than offline, which this does not
+    count."""
+    from .serve import count_steps
+
+    requests = scaled_chat_trace(num_requests, max_model_len, seed=seed)
+    offline = count_steps(
+        requests,
+        max_model_len=max_model_len,
+        budget_requests=budget_requests,
+        systems=("pagedkv", "contiguous"),
+    )
+    warm = sum(min(16, r.output_len) for r in requests[:2])
+    per_seed = sum(
+        offline["pagedkv"] / load + offline[system] for load in loads for system in offline
+    )
+    return round(warm + offline["pagedkv"] + len(seeds) * per_seed)
+
+
+def blocks_section_steps(
+    num_requests: int,
+    max_model_len: int = 512,
+    budget_requests: int = 8,
+    block_sizes=BLOCK_SIZES,
+    repeats: int = 3,
+) -> int:
+    """`blocks_section`'s forward passes, counted without a model: one engine
+    per block size, each serving the trace once to warm up and ``repeats``
+    times timed."""
+    from .serve import count_steps
+
+    requests = scaled_chat_trace(num_requests, max_model_len, seed=4)
+    return sum(
+        (1 + repeats)
+        * count_steps(
+            requests,
+            max_model_len=max_model_len,
+            budget_requests=budget_requests,
+            block_size=bs,
+            systems=("pagedkv",),
+        )["pagedkv"]
+        for bs in block_sizes
+    )
 
 
 def sustained_rate(rows: list[dict], system: str, bound_s: float) -> float | None:
@@ -379,7 +544,9 @@ def sustained_rate(rows: list[dict], system: str, bound_s: float) -> float | Non
 
 
 def plot_latency_vs_rate(rate: dict, path: str | None = None):
-    """Normalised latency against request rate, one curve per system."""
+    """Normalised latency against request rate, one curve per system: the
+    median over arrival seeds, with their range shaded where there are
+    several."""
     import matplotlib.pyplot as plt
 
     from ..plotting import SERIES, use_style
@@ -389,13 +556,20 @@ def plot_latency_vs_rate(rate: dict, path: str | None = None):
     systems = list(dict.fromkeys(r["system"] for r in rate["rows"]))
     for color, system in zip(SERIES, systems):
         mine = [r for r in rate["rows"] if r["system"] == system]
-        ax.plot(
-            [r["rate_req_per_s"] for r in mine],
-            [r["normalized_latency_s"] for r in mine],
-            "o-",
-            color=color,
-            label=system,
-        )
+        xs = [r["rate_req_per_s"] for r in mine]
+        seeds = mine[0].get("seeds", 1)
+        label = system if seeds == 1 else f"{system}, median of {seeds} seeds"
+        ax.plot(xs, [r["normalized_latency_s"] for r in mine], "o-", color=color,
+                label=label)  # fmt: skip
+        if seeds > 1:
+            ax.fill_between(
+                xs,
+                [r["normalized_latency_min"] for r in mine],
+                [r["normalized_latency_max"] for r in mine],
+                color=color,
+                alpha=0.2,
+                lw=0,
+            )
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalised latency (s/token)")
     ax.set_title(f"{rate['model']}, {rate['requests']} requests, Poisson arrivals")
@@ -529,7 +703,7 @@ def write_report(results: dict, out: Path) -> str:
                 ],
             ),
             "",
-            "![roofline](roofline.png)",
+            "![kernel bandwidth](kernel_bandwidth.png)",
             "",
         ]
     if "serve" in results:
@@ -585,6 +759,8 @@ def write_report(results: dict, out: Path) -> str:
                     ("load", "load", ".2f"),
                     ("rate req/s", "rate_req_per_s", ".2f"),
                     ("normalised latency s/token", "normalized_latency_s", ".3f"),
+                    ("min over seeds", "normalized_latency_min", ".3f"),
+                    ("max over seeds", "normalized_latency_max", ".3f"),
                     ("p90 latency s", "p90_latency_s", ".2f"),
                 ],
             ),
@@ -654,7 +830,7 @@ def run_all(
         if name == "kernel":
             grid = dict(batch_sizes=(1, 4), context_lens=(128, 512), repeats=3)
             results["kernel"] = kernel_section(device, **(grid if quick else {}))
-            plot_roofline(results["kernel"], str(out / "roofline.png"))
+            plot_kernel_bandwidth(results["kernel"], str(out / "kernel_bandwidth.png"))
         elif name == "serve":
             results["serve"] = serve_section(
                 device,

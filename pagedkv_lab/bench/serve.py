@@ -17,6 +17,7 @@ from .common import (
     _prompt_ids,
     _run_result,
     scaled_chat_trace,
+    static_batches,
 )
 from .peers import (
     _HFContinuousRunner,
@@ -26,6 +27,7 @@ from .peers import (
     find_vllm_python,
     vllm_block_sizes,
 )
+from .timing import trace
 
 
 class _OursRunner:
@@ -271,6 +273,7 @@ def serve_benchmark(
                         )
         for i, runner in enumerate(runners):  # the same warm-up for every system
             started = time.perf_counter()
+            trace(f"serve {model_name}: {runner.name} warm-up")
             runner.run(warm_prompts, warm_tokens)
             # vLLM compiles on its first step: the warm-up belongs to the start
             startup[i] += time.perf_counter() - started
@@ -278,7 +281,10 @@ def serve_benchmark(
         for round_ in range(repeats):
             for runner in runners if round_ % 2 == 0 else runners[::-1]:
                 gc.collect()
+                trace(f"serve {model_name}: {runner.name} round {round_} starts")
                 results[runner.name].append(runner.run(prompts, max_tokens))
+                seconds = results[runner.name][-1]["seconds"]
+                trace(f"serve {model_name}: {runner.name} round {round_}: {seconds:.1f} s")
     finally:
         for runner in runners:
             runner.close()
@@ -296,6 +302,70 @@ def serve_benchmark(
             }
     outputs = {name: runs[0]["tokens"] for name, runs in results.items()}
     return rows, outputs
+
+
+def count_steps(
+    requests,
+    *,
+    max_model_len: int,
+    budget_requests: int,
+    block_size: int = 16,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int | None = None,
+    systems: tuple[str, ...] = SYSTEMS,
+) -> dict[str, int]:
+    """The forward passes each system of `serve_benchmark` takes to serve
+    ``requests`` once, counted without a model (EOS is ignored, so the
+    schedule does not depend on the tokens): a round's cost on a device where
+    each step costs about the same.
+
+    ``pagedkv`` and ``contiguous`` run this engine's own `Scheduler` on a block
+    manager of the budget (exact; prefix caching is left out, which can only
+    add steps); ``hf-generate`` is its static batches (`static_batches`), each
+    as many passes as its longest output; ``hf-continuous`` and ``vllm`` have
+    schedulers of their own and are counted as ``pagedkv`` (an estimate).
+    """
+    from ..block_manager import BlockManager
+    from ..engine import SamplingParams, Sequence
+    from ..scheduler import Scheduler, SequenceGroup
+
+    budget_tokens = budget_requests * max_model_len
+    batched = max_num_batched_tokens or max(512, max_model_len)
+
+    def scheduled(reserve: bool) -> int:
+        sched = Scheduler(
+            BlockManager(budget_tokens // block_size, block_size),
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=batched,
+            reserve_tokens=max_model_len if reserve else 0,
+        )
+        for i, r in enumerate(requests):
+            params = SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+            sched.add(SequenceGroup(i, Sequence([1] * r.prompt_len, params)))
+        steps = 0
+        while sched.has_unfinished:
+            plan, steps = sched.schedule(), steps + 1
+            for seq, n in zip(plan.seqs, plan.num_new_tokens):
+                seq.num_computed_tokens += n
+                if seq.num_computed_tokens == seq.num_tokens:
+                    seq.append_token(5, None, max_model_len)
+            sched.free_finished()
+        return steps
+
+    counts = {}
+    for system in systems:
+        if system == "hf-generate":
+            outs = [r.output_len for r in requests]
+            batches = static_batches(
+                [r.prompt_len for r in requests], outs, budget_tokens, max_num_seqs
+            )
+            counts[system] = sum(max(outs[i] for i in b) for b in batches)
+        elif system == "contiguous":
+            counts[system] = scheduled(reserve=True)
+        else:
+            counts[system] = counts.get("pagedkv") or scheduled(reserve=False)
+    return counts
 
 
 def serve_title(rows: list[dict]) -> str:

@@ -4,6 +4,7 @@ replays on a GPU, best of passes on a CPU."""
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable, Collection
@@ -78,3 +79,13 @@ def time_call(
 ) -> float:
     """Seconds per call of one function (see `time_calls`)."""
     return time_calls({"fn": fn}, device, repeats, warmup)["fn"]
+
+
+def trace(message: str) -> None:
+    """Append ``message`` as a line to the file named by ``$PAGEDKV_TRACE``, if
+    set (nothing otherwise), with the time of day: a run cut off by a time
+    limit still shows where its time went."""
+    path = os.environ.get("PAGEDKV_TRACE")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {message}\n")

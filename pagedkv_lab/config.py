@@ -1,0 +1,379 @@
+"""`EngineArgs`: every setting of `LLM` except the model, checked when given,
+and what the engine is built from (vLLM's ``vllm/engine/arg_utils.py`` holds
+its ``EngineArgs`` the same way, apart from the engine's loop).
+
+`LLM("tiny-llama", block_size=8, kv_cache_memory=2**20)` passes its keyword
+arguments here: a bad value fails at once with a ValueError naming it, before
+anything is loaded; a setting of vLLM's that this library does not have is a
+TypeError that says so and lists the supported ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass
+
+import torch
+
+from .engine import PagedKVCache, _check_int
+from .sampling_params import refuse_unsupported
+
+#: vLLM's engine settings this library does not have, and why (or what to use).
+UNSUPPORTED_ARGS: dict[str, str] = {
+    "tensor_parallel_size": "one device only; vLLM shards a model over GPUs",
+    "pipeline_parallel_size": "one device only; vLLM splits layers over GPUs",
+    "data_parallel_size": "one engine per process",
+    "quantization": "weights are served in the model's dtype",
+    "kv_cache_dtype": "the KV cache has the model's dtype",
+    "enable_lora": "LoRA adapters are out of scope",
+    "trust_remote_code": "Llama, Mistral and Qwen2 are built in; no remote code runs",
+    "kv_cache_memory_bytes": "use kv_cache_memory=<bytes>",
+    "num_gpu_blocks_override": "use kv_cache_memory=<bytes> (blocks x bytes per block)",
+    "enable_chunked_prefill": "always on: a prompt longer than what is left of "
+    "max_num_batched_tokens is prefilled in chunks",
+    "cpu_offload_gb": "not implemented (chapter 09 swaps K/V, not weights)",
+    "speculative_config": "speculative decoding is out of scope",
+    "limit_mm_per_prompt": "text models only",
+    "compilation_config": "nothing is compiled; enforce_eager turns CUDA graphs off",
+}
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(dtype) -> torch.dtype | None:
+    """``dtype`` as `LLM` takes it: a torch dtype, its name (vLLM's strings:
+    ``"float16"``, ``"bfloat16"``, ``"float32"``...) or ``"auto"``/None (None:
+    the library's rule, `default_dtype`, for a model loaded by name)."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point type, got {dtype}")
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(
+        f"dtype must be 'auto', a torch dtype or one of {sorted(_DTYPES)}, "
+        f"got {dtype!r}"
+    )
+
+
+def as_seed(name: str, value, none_ok: bool = False) -> int | None:
+    """A seed as a Python int (NumPy integers too), or a ValueError naming it."""
+    if value is None and none_ok:
+        return None
+    _check_int(name, value, 0)
+    return int(value)
+
+
+def _check_bool(name: str, value, none_ok: bool = False) -> None:
+    if not (isinstance(value, bool) or (none_ok and value is None)):
+        allowed = "None, True or False" if none_ok else "True or False"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+@dataclass
+class EngineArgs:
+    """The settings of `LLM`, with vLLM's names where the meaning is the same.
+
+    * ``block_size``: tokens per KV block (16).
+    * ``kv_cache_memory``: the KV budget in bytes (int), or on a GPU the
+      fraction of the GPU's total memory the engine may use (float), as
+      ``gpu_memory_utilization``. By default 0.9 on a GPU, 256 MiB on a CPU.
+    * ``gpu_memory_utilization``: vLLM's name for the fraction (its default is
+      0.92 in vLLM 0.32, ours 0.9): the share of the GPU's *total* memory this
+      engine may use, weights and activations included; the KV cache gets what
+      is left after the weights and the peak memory of one forward pass over
+      ``max_num_batched_tokens`` tokens (a profiling run). A CUDA device only:
+      on a CPU give ``kv_cache_memory`` in bytes. Give one of the two.
+    * ``max_num_seqs``: sequences per step (256); ``max_num_batched_tokens``:
+      the step's token budget (by default ``max(4096, max_model_len)``);
+      ``max_model_len``: by default the model's positions, or what the pool
+      holds if that is less.
+    * ``device``, ``dtype`` (a torch dtype, its name or ``"auto"``: a model
+      loaded by name gets `default_dtype`, a loaded one stays as it is),
+      ``seed`` (sampling: unseeded requests draw their seeds from it),
+      ``weights_seed`` (an offline model's random weights).
+    * ``reserve_max_len``: reserve ``max_model_len`` tokens per request at
+      admission (chapter 02's scheme, for comparison).
+    * ``enable_prefix_caching`` (chapter 08); ``watermark``, the share of
+      blocks kept free when admitting; ``preemption_mode`` (``"recompute"`` or
+      ``"swap"``), ``swap_space`` (bytes of CPU memory for swapped blocks) and
+      ``victim`` (``"newest"``, ``"longest-output"``, ``"shortest-output"``)
+      (chapter 09); ``block_manager``, a replacement block manager of the
+      pool's size.
+    * ``fused_forward``: the engine's fused runner (True), the model's own
+      layers with the paged attention plugged in (False), or the first where
+      the model's layout allows it (None); ``enforce_eager``: no CUDA graphs.
+    """
+
+    block_size: int = 16
+    kv_cache_memory: int | float | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    device: str | torch.device | None = None
+    dtype: str | torch.dtype | None = "auto"
+    seed: int | None = None
+    weights_seed: int = 0
+    reserve_max_len: bool = False
+    enable_prefix_caching: bool = False
+    watermark: float = 0.01
+    preemption_mode: str = "recompute"
+    swap_space: int = 0
+    victim: str = "newest"
+    block_manager: object | None = None
+    fused_forward: bool | None = None
+    enforce_eager: bool = False
+
+    def __new__(cls, *args, **kwargs):
+        names = [f.name for f in dataclasses.fields(cls)]
+        refuse_unsupported("LLM", kwargs, names, UNSUPPORTED_ARGS)
+        return super().__new__(cls)
+
+    def __post_init__(self):
+        _check_int("block_size", self.block_size, 1)
+        _check_int("max_num_seqs", self.max_num_seqs, 1)
+        _check_int("max_model_len", self.max_model_len, 1, none_ok=True)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, True)
+        _check_bool("fused_forward", self.fused_forward, none_ok=True)
+        _check_bool("enforce_eager", self.enforce_eager)
+        self.seed = as_seed("seed", self.seed, none_ok=True)
+        self.weights_seed = as_seed("weights_seed", self.weights_seed)
+        self.dtype = parse_dtype(self.dtype)
+        if not isinstance(self.watermark, (int, float)) or not 0 <= self.watermark < 1:
+            raise ValueError(
+                f"watermark must be a fraction in [0, 1), got {self.watermark!r}"
+            )
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(
+                "preemption_mode must be 'recompute' or 'swap', "
+                f"got {self.preemption_mode!r}"
+            )
+        fraction = self.gpu_memory_utilization
+        if fraction is not None:
+            if self.kv_cache_memory is not None:
+                raise ValueError(
+                    "give kv_cache_memory (bytes, or a fraction on a GPU) or "
+                    "gpu_memory_utilization (a fraction), not both"
+                )
+            if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+                raise ValueError(
+                    f"gpu_memory_utilization must be a fraction, got {fraction!r}"
+                )
+            if not 0 < fraction <= 1:
+                raise ValueError(
+                    f"gpu_memory_utilization must be in (0, 1], got {fraction}"
+                )
+
+    # -- loading the model -----------------------------------------------------
+
+    def load(self, model, tokenizer, default_dtype) -> tuple:
+        """``(model, tokenizer)``: an offline or Hugging Face name loaded on
+        ``device`` in ``dtype`` (``default_dtype(device)`` for ``"auto"``); a
+        loaded model (or a ``(model, tokenizer)`` pair) checked against them
+        and served where it is; ``tokenizer`` supplies or replaces the
+        tokenizer."""
+        from transformers import PreTrainedModel
+
+        from .device import pick_device
+        from .models import load_model
+
+        if tokenizer is not None and (
+            isinstance(tokenizer, str) or not callable(getattr(tokenizer, "decode", None))
+        ):
+            raise ValueError(f"tokenizer must be a tokenizer object, got {tokenizer!r}")
+        own = None
+        if isinstance(model, tuple):
+            model, own = model
+        elif not isinstance(model, PreTrainedModel):
+            device = pick_device(str(self.device) if self.device is not None else None)
+            self._check_fraction_device(device)
+            dtype = self.dtype or default_dtype(device)
+            try:
+                model, own = load_model(
+                    model, seed=self.weights_seed, dtype=dtype, device=device
+                )
+            except torch.OutOfMemoryError as err:
+                raise ValueError(
+                    f"{model!r} in {dtype} does not fit on {device}: {err}"
+                ) from err
+            return model, tokenizer if tokenizer is not None else own
+        if not isinstance(model, PreTrainedModel):
+            raise ValueError(f"expected a transformers PreTrainedModel, got {model!r}")
+        here = next(model.parameters()).device
+        self._check_fraction_device(here)
+        if self.device is not None and torch.device(self.device) != here:
+            raise ValueError(
+                f"the model is on {here}; a loaded model is served where "
+                f"it is, so leave device=None or move the model first"
+            )
+        if self.dtype is not None and self.dtype != model.dtype:
+            raise ValueError(f"the model is {model.dtype}, not {self.dtype}")
+        return model, tokenizer if tokenizer is not None else own
+
+    def _check_fraction_device(self, device: torch.device) -> None:
+        if self.gpu_memory_utilization is not None and device.type != "cuda":
+            raise ValueError(
+                f"gpu_memory_utilization is a fraction of a GPU's memory; the "
+                f"model is on {device.type}: give the KV cache's size in bytes "
+                "instead, kv_cache_memory=<bytes> (256 MiB by default)"
+            )
+
+    # -- sizing the pool -------------------------------------------------------
+
+    def num_kv_blocks(self, model, profile_tokens: int) -> int:
+        """Blocks of the KV pool for ``model``: from ``kv_cache_memory`` bytes, or
+        from a fraction of the GPU (``kv_cache_memory`` as a float, or
+        ``gpu_memory_utilization``) through a profiling run."""
+        device = next(model.parameters()).device
+        budget = self.kv_cache_memory
+        if self.gpu_memory_utilization is not None:
+            self._check_fraction_device(device)
+            budget = float(self.gpu_memory_utilization)
+        if budget is None:
+            budget = 0.9 if device.type == "cuda" else 256 * 2**20
+        if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
+            raise ValueError(
+                f"kv_cache_memory must be bytes (int) or a fraction, got {budget!r}"
+            )
+        if isinstance(budget, float):
+            if device.type != "cuda" or not 0 < budget <= 1:
+                raise ValueError(
+                    "a fractional kv_cache_memory needs a CUDA device "
+                    "and a value in (0, 1]"
+                )
+            budget = profile_kv_budget(model, budget, profile_tokens, device)
+        num_blocks = PagedKVCache.blocks_for_budget(
+            model.config, budget, self.block_size, model.dtype
+        )
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_memory={budget} bytes holds not even one block "
+                f"of {self.block_size} tokens"
+            )
+        return num_blocks
+
+    def pool(self, model) -> tuple[int, int]:
+        """``(num_blocks, max_model_len)`` for ``model``: the pool's blocks, and
+        the longest sequence, which must fit in the pool."""
+        positions = getattr(model.config, "max_position_embeddings", None) or 2**31
+        profile = min(
+            self.max_num_batched_tokens or max(4096, self.max_model_len or 0),
+            positions,
+        )
+        num_blocks = self.num_kv_blocks(model, profile)
+        tokens = num_blocks * self.block_size
+        if self.max_model_len is None:
+            return num_blocks, min(positions, tokens)
+        if self.max_model_len > tokens:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} tokens do not fit the KV pool "
+                f"({num_blocks} blocks of {self.block_size} = {tokens} tokens): "
+                "raise kv_cache_memory or lower max_model_len"
+            )
+        return num_blocks, self.max_model_len
+
+    # -- building the engine's parts ---------------------------------------------
+
+    def build_runner(self, model, num_blocks: int, max_model_len: int):
+        """Chapter 05's runner: fused where the layout allows it (replaying CUDA
+        graphs on a GPU unless ``enforce_eager``), the model's own layers else."""
+        from .fused import FusedModelRunner, runner_class
+        from .graphs import GraphedModelRunner
+
+        runner = runner_class(model, self.fused_forward)
+        cuda = next(model.parameters()).device.type == "cuda"
+        if runner is FusedModelRunner and cuda and not self.enforce_eager:
+            return GraphedModelRunner(
+                model, num_blocks, self.block_size, max_model_len, self.max_num_seqs
+            )
+        return runner(model, num_blocks, self.block_size, max_model_len)
+
+    def build_block_manager(self, num_blocks: int):
+        """The given block manager (checked against the pool), chapter 08's with
+        prefix caching, or chapter 07's."""
+        from .block_manager import BlockManager
+
+        bm = self.block_manager
+        if bm is not None:
+            if (bm.num_blocks, bm.block_size) != (num_blocks, self.block_size):
+                raise ValueError(
+                    f"block_manager has {bm.num_blocks} blocks of {bm.block_size}; "
+                    f"the pool has {num_blocks} of {self.block_size}"
+                )
+            return bm
+        if self.enable_prefix_caching:
+            from .prefix_cache import PrefixCachingBlockManager
+
+            return PrefixCachingBlockManager(num_blocks, self.block_size)
+        return BlockManager(num_blocks, self.block_size)
+
+    def build_scheduler(self, block_manager, kv_cache, max_model_len: int):
+        """``(scheduler, swap_space)``: chapter 06's scheduler, or chapter 09's
+        with a victim policy and, for ``preemption_mode="swap"``, a CPU pool of
+        ``swap_space`` bytes (else None)."""
+        from .scheduler import Scheduler
+
+        settings = dict(
+            max_model_len=max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens
+            or max(4096, max_model_len),
+            reserve_tokens=max_model_len if self.reserve_max_len else 0,
+            watermark=self.watermark,
+        )
+        mode, space = self.preemption_mode, self.swap_space
+        if mode == "recompute" and self.victim == "newest" and not space:
+            return Scheduler(block_manager, **settings), None
+        from .preemption import PreemptionScheduler, SwapSpace
+
+        swap = None
+        if mode == "swap":
+            _check_int("swap_space", space, 1)
+            swap = SwapSpace(kv_cache, space // (kv_cache.nbytes // kv_cache.num_blocks))
+        elif space:
+            raise ValueError("swap_space is only used with preemption_mode='swap'")
+        scheduler = PreemptionScheduler(
+            block_manager, swap_space=swap, victim=self.victim, **settings
+        )
+        return scheduler, swap
+
+
+def profile_kv_budget(model, fraction: float, num_tokens: int, device) -> int:
+    """vLLM's profile run: bytes left for K/V within ``fraction`` of the GPU
+    after the weights and the peak activations of one forward pass over
+    ``num_tokens`` tokens (with the model's own attention, which needs at
+    least the memory of the paged one)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    weights = torch.cuda.memory_allocated(device)
+    ids = torch.zeros((1, num_tokens), dtype=torch.long, device=device)
+    with torch.inference_mode():
+        model(input_ids=ids, use_cache=False)
+    activations = torch.cuda.max_memory_allocated(device) - weights
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    budget = min(int(fraction * total) - weights - activations, free)
+    if budget <= 0:
+        gib = 2**30
+        raise ValueError(
+            f"no memory left for the KV cache: {fraction:.0%} of "
+            f"{total / gib:.1f} GiB holds the weights ({weights / gib:.2f} GiB) "
+            f"and a forward pass over {num_tokens} tokens "
+            f"({activations / gib:.2f} GiB), with {free / gib:.1f} GiB free; "
+            "lower max_num_batched_tokens or raise kv_cache_memory"
+        )
+    return budget
