@@ -207,7 +207,7 @@ class EngineLoop:
             self._wake.set()
             try:
                 await asyncio.wait_for(self._task, timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 logger.warning("the engine loop did not stop in %.0f s", timeout)
         self._executor.shutdown(wait=True)
 
