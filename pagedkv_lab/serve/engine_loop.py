@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ..llm import LLM, RequestOutput
 from ..sampling import SamplingParams
+from ..tokenizing import chat_prompts
 from .metrics import EngineSnapshot, ServerMetrics
 from .protocol import RequestError
 
@@ -41,20 +42,13 @@ logger = logging.getLogger("pagedkv_lab.serve")
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True):
-    """A conversation as the engine's prompt, the way `LLM.chat` renders it: the
-    tokenizer's chat template as text, then its tokens without added special
-    tokens (the template writes them itself)."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
-        raise RequestError("this model's tokenizer has no chat template", "messages")
-    text = tokenizer.apply_chat_template(
-        messages,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        chat_template=template,
-    )
-    ids = tokenizer(text, add_special_tokens=False).input_ids
-    return {"prompt": text, "prompt_token_ids": list(ids)}
+    """A conversation as the engine's prompt, exactly as `LLM.chat` renders it
+    (`tokenizing.chat_prompts`); a template problem is the request's error."""
+    try:
+        (prompt,) = chat_prompts(tokenizer, messages, None, add_generation_prompt)
+    except ValueError as err:
+        raise RequestError(str(err), "messages") from None
+    return {"prompt": prompt["prompt"], "prompt_token_ids": list(prompt["prompt_token_ids"])}
 
 
 class RequestStream:
