@@ -146,7 +146,7 @@ CLAIMS: dict[str, Claim] = {
             (
                 _q(
                     "vLLM limits all the memory wastes for a request within one block",
-                    "96.3% of KV memory holds token states (vLLM)",
+                    "96.3% of KV memory holds token states, for vLLM",
                     _VLLM,
                     "§4.3 and Fig. 2",
                 ),

@@ -250,9 +250,10 @@ def simulate(
     the pool's state is recorded; (5) finished requests free their memory.
 
     With ``snapshot_every``, a dict ``{"step", "held", "waiting_head", "layout",
-    "tables"}`` is kept every that many steps: ``layout`` from ``pool.layout()``
-    and ``tables`` (request id -> block table, logical order) from
-    ``pool.block_tables()``, each None when the pool has no such method.
+    "tables", "segments"}`` is kept every that many steps: ``layout`` from
+    ``pool.layout()``, ``tables`` (request id -> block table, logical order) from
+    ``pool.block_tables()`` and ``segments`` from ``pool.segments(held, head)``,
+    each None when the pool has no such method.
     """
     pending = deque(sorted(requests, key=lambda r: (r.arrival, r.id)))
     waiting: deque[Request] = deque()
@@ -333,6 +334,7 @@ def _snapshot(pool, step: int, held: dict[int, int], head: Request | None) -> di
         "waiting_head": head,
         "layout": pool.layout() if hasattr(pool, "layout") else None,
         "tables": pool.block_tables() if hasattr(pool, "block_tables") else None,
+        "segments": pool.segments(held, head) if hasattr(pool, "segments") else None,
     }
 
 
