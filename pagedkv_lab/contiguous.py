@@ -154,7 +154,7 @@ class BuddyBlocks(ContiguousAllocator):
         return next_pow2(n)
 
     def _smallest_free(self, order: int) -> tuple[int, int] | None:
-        """(order, start) of the lowest free block of the smallest order >= ``order``."""
+        """(order, start): the lowest free block of the smallest order >= ``order``."""
         for j in sorted(self.free_blocks):
             if j >= order and self.free_blocks[j]:
                 return j, min(self.free_blocks[j])
@@ -372,7 +372,7 @@ def max_reservation_share(
     p = np.array([r.prompt_len for r in requests], dtype=float)
     o = np.array([r.output_len for r in requests], dtype=float)
     held = (p * o + o * (o + 1) / 2).sum() / o.sum()
-    return (capacity // max_model_len) * held / capacity
+    return float((capacity // max_model_len) * held / capacity)
 
 class ContiguousKVTensors:
     """The storage of a real contiguous KV cache: one K and one V tensor per layer,

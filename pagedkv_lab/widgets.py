@@ -529,7 +529,7 @@ def paged_pool_viewer():
             fig, (ax, ax_t) = plt.subplots(
                 1,
                 2,
-                figsize=(9, 1.6 + 4.4 * rows / columns * 16 / 16),
+                figsize=(9, 1.6 + 4.4 * rows / columns),
                 gridspec_kw={"width_ratios": [4, 1]},
             )
             first = min(tables, default=None)
