@@ -29,7 +29,6 @@ def head_dim_of(config: PretrainedConfig) -> int:
         or config.hidden_size // config.num_attention_heads
     )
 
-
 @dataclass(frozen=True)
 class KVSpec:
     """The four numbers that size a KV cache."""

@@ -205,10 +205,10 @@ def gqa_bars(ax, names, actual_kib, mha_kib, group) -> None:
         y - 0.2,
         mha_kib,
         height=0.4,
-        color=SERIES[5],
+        color="#9E9E9E",
         label="if every query head had its own KV head",
     )
-    ax.barh(y + 0.2, actual_kib, height=0.4, color=SERIES[0], label="as shipped")
+    ax.barh(y + 0.2, actual_kib, height=0.4, color=COLORS["used"], label="as shipped")
     for i, (v, g) in enumerate(zip(actual_kib, group)):
         note = f"{v:.0f} KiB" + (f", {g}x less" if g > 1 else ", no GQA")
         ax.text(v * 1.08, i + 0.2, note, va="center", fontsize=8)
@@ -311,11 +311,15 @@ def recompute_steps(ax, results: dict, rates) -> None:
 # Chapter 03 -------------------------------------------------------------------
 
 
-def block_size_sweep(ax, sizes, used, tails, entries) -> None:
-    """Share holding K/V and share in unfilled tails against block size, with the
-    block-table entries per request on a second axis."""
-    ax.plot(sizes, used, "o-", color=COLORS["used"], label="pool holding K/V")
-    ax.plot(sizes, tails, "s--", color=COLORS["internal"], label="unfilled tails")
+def block_size_sweep(ax, sizes, used, reserved, never_used, entries) -> None:
+    """Against block size: the share holding K/V and the two parts of the unfilled
+    tails, in their states' colours, with the block-table entries per request on a
+    second axis."""
+    ax.plot(sizes, used, "o-", color=COLORS["used"], label=LABELS["used"])
+    ax.plot(sizes, reserved, "s--", color=COLORS["reserved"], label=LABELS["reserved"])
+    ax.plot(
+        sizes, never_used, "d--", color=COLORS["internal"], label=LABELS["internal"]
+    )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("fraction of the pool")
@@ -332,6 +336,6 @@ def block_size_sweep(ax, sizes, used, tails, entries) -> None:
         [line.get_label() for line in lines],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.2),
-        ncol=3,
+        ncol=2,
         fontsize=8,
     )
