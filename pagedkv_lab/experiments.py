@@ -1,8 +1,9 @@
-"""The measurements chapters 07-11 show, as functions, so that chapter 11's
-claims audit re-runs exactly what the chapters ran.
+"""The measurements chapters 02-03 and 07-11 show, as functions, so that chapter
+11's claims audit re-runs exactly what the chapters ran.
 
-Each function serves real requests through the engine and returns plain
-numbers; none prints or plots. ``model`` is an offline model name or an already
+Chapters 02 and 03 replay simulated traces through memory pools; from chapter 07
+on, each function serves real requests through the engine. All return plain
+numbers or simulation results; none prints or plots. ``model`` is an offline model name or an already
 loaded ``(model, tokenizer)`` pair (faster when a sweep builds many engines).
 """
 
@@ -23,6 +24,119 @@ def prompts_for(lengths: list[int], seed: int = 0) -> list[list[int]]:
     return [
         [1] + torch.randint(3, 259, (n - 1,), generator=g).tolist() for n in lengths
     ]
+
+
+# Chapters 02 and 03: the vLLM paper's baselines on W1 ------------------------------
+
+#: Kwon et al. 2023, Fig. 2: average share of KV memory (%) in each of their four
+#: kinds (token states, reservation, internal fragmentation, external
+#: fragmentation and others) for their three Orca versions, on the §6.2 runs.
+PAPER_FIG2 = {
+    "max": (20.4, 13.3, 57.3, 8.9),
+    "pow2": (26.8, 17.9, 13.6, 41.6),
+    "oracle": (38.2, 25.2, 0.0, 36.6),
+}
+
+
+def opt13b_pool_slots() -> int:
+    """Token slots of the KV pool of the vLLM paper's OPT-13B runs: 12 GB of KV cache
+    on one A100-40GB (Table 1) at 800 KB per token (§3: 2 x 5120 x 40 x 2 bytes),
+    i.e. the table's "15.7K" slots."""
+    from .kvmath import KVSpec
+
+    opt13b = KVSpec(num_layers=40, num_kv_heads=40, head_dim=128, dtype_bytes=2)
+    return 12 * 2**30 // opt13b.bytes_per_token
+
+
+def reservation_runs(
+    seeds,
+    *,
+    capacity: int,
+    max_model_len: int = 2048,
+    policies=("max", "pow2", "oracle"),
+    fit: str = "buddy",
+    num_requests: int = 400,
+    arrival_rate: float = 1.0,
+    **trace_args,
+) -> dict[str, list]:
+    """Policy -> one `SimResult` per seed: W1 traces (``trace_args`` go to
+    `chat_workload`) through a `ContiguousPool` of ``capacity`` slots."""
+    from .contiguous import ContiguousPool
+    from .workloads import chat_workload, simulate
+
+    runs = {p: [] for p in policies}
+    for seed in seeds:
+        trace = chat_workload(
+            num_requests,
+            seed=seed,
+            arrival_rate=arrival_rate,
+            max_model_len=max_model_len,
+            **trace_args,
+        )
+        for p in policies:
+            pool = ContiguousPool(capacity, max_model_len, policy=p, fit=fit)
+            runs[p].append(simulate(trace, pool))
+    return runs
+
+
+def paper_kinds(result) -> tuple[float, float, float, float]:
+    """A contiguous pool's states, in percent, in the four kinds of the vLLM paper's
+    Figure 2: token states (``used``), reservation (``reserved``), internal
+    fragmentation (``internal``), and external fragmentation and others: the
+    allocator's rounding (which §3.1 counts as external fragmentation), external
+    fragmentation, and free slots that the waiting request cannot use."""
+    f = result.fractions()
+    other = f.get("rounding", 0.0) + f["external"] + f["free"]
+    return tuple(100 * x for x in (f["used"], f["reserved"], f["internal"], other))
+
+
+def sigma_sweep(
+    sigmas,
+    seeds,
+    *,
+    capacity: int,
+    max_model_len: int = 2048,
+    policies=("max", "pow2", "oracle"),
+    fit: str = "buddy",
+) -> tuple[dict, list[float]]:
+    """The share holding K/V as W1's output spread ``sigma_output`` varies.
+
+    Returns ``({policy: (mean, lowest, highest) per sigma, over seeds}, closed)``
+    where ``closed`` is `contiguous.max_reservation_share` per sigma, averaged over
+    the same seeds' traces."""
+    from .contiguous import max_reservation_share
+    from .workloads import chat_workload
+
+    measured = {p: ([], [], []) for p in policies}
+    closed = []
+    for sigma in sigmas:
+        runs = reservation_runs(
+            seeds,
+            capacity=capacity,
+            max_model_len=max_model_len,
+            policies=policies,
+            fit=fit,
+            sigma_output=sigma,
+        )
+        for p in policies:
+            used = [r.fractions()["used"] for r in runs[p]]
+            for column, value in zip(
+                measured[p], (sum(used) / len(used), min(used), max(used))
+            ):
+                column.append(value)
+        traces = [
+            chat_workload(
+                400,
+                seed=s,
+                arrival_rate=1.0,
+                max_model_len=max_model_len,
+                sigma_output=sigma,
+            )
+            for s in seeds
+        ]
+        shares = [max_reservation_share(t, max_model_len, capacity) for t in traces]
+        closed.append(sum(shares) / len(shares))
+    return measured, closed
 
 
 # Chapter 07: sharing ---------------------------------------------------------------

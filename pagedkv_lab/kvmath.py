@@ -11,6 +11,8 @@ from importlib import resources
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from .device import KNOWN_GPUS
+
 #: Storage bytes per element of the dtypes a KV cache uses.
 DTYPE_BYTES = {
     torch.float32: 4,
@@ -26,7 +28,6 @@ def head_dim_of(config: PretrainedConfig) -> int:
         getattr(config, "head_dim", None)
         or config.hidden_size // config.num_attention_heads
     )
-
 
 @dataclass(frozen=True)
 class KVSpec:
@@ -119,12 +120,10 @@ def real_model_configs() -> dict[str, PretrainedConfig]:
     return configs
 
 def gpu_memory_bytes() -> dict[str, int]:
-    """Memory of common GPUs, in bytes: the vendors' "GB" figures are GiB (2**30)."""
-    return {
-        name: int(gib * 2**30)
-        for name, gib in _shipped_json()["gpus"].items()
-        if not name.startswith("_")
-    }
+    """Memory of common GPUs, in bytes, as the CUDA runtime reports it
+    (`pagedkv_lab.device.KNOWN_GPUS`): after the driver's share and, on the GDDR6
+    T4 and L4, after ECC's."""
+    return {name: spec.total_memory for name, spec in KNOWN_GPUS.items()}
 
 
 def kv_budget(
@@ -134,10 +133,12 @@ def kv_budget(
     weight_dtype: torch.dtype = torch.float16,
     overhead_fraction: float = 0.1,
 ) -> int:
-    """Bytes left for the KV cache after the weights and a reserve for activations
-    and the runtime.
+    """Bytes left for the KV cache on a card that reports ``gpu_bytes``.
 
-    Negative when the weights alone do not fit.
+    ``overhead_fraction`` of that memory is kept for the CUDA context, activations
+    and allocator slack (on top of what ECC and the driver took before the
+    runtime's count), and the weights are subtracted. Negative when the weights
+    alone do not fit.
     """
     weights = count_parameters_from_config(config) * DTYPE_BYTES[weight_dtype]
     return int(gpu_bytes * (1 - overhead_fraction)) - weights

@@ -14,12 +14,9 @@ class OutOfBlocksError(RuntimeError):
     """No free block is left (the caller should have asked `can_allocate` first)."""
 
 
-class BlockAllocator:
-    """Fixed-size blocks handed out from a LIFO free list, each with a reference count.
-
-    ``allocate`` and ``free`` are O(1). ``ref_counts[b]`` is the number of
-    sequences holding block ``b``; a block returns to the free list at 0.
-    """
+class FreeBlockList:
+    """The state of a block allocator: a LIFO free list of block numbers and a
+    reference count per block (the number of sequences holding it)."""
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
@@ -41,6 +38,22 @@ class BlockAllocator:
     def can_allocate(self, n: int = 1) -> bool:
         """Whether ``n`` blocks are free now."""
         return n <= len(self.free_list)
+
+    def _check_held(self, block: int, verb: str) -> None:
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(
+                f"cannot {verb} block {block}: "
+                f"blocks are numbered 0..{self.num_blocks - 1}"
+            )
+        if self.ref_counts[block] == 0:
+            raise ValueError(
+                f"cannot {verb} block {block}: it is not allocated (double free?)"
+            )
+
+class BlockAllocator(FreeBlockList):
+    """Fixed-size blocks handed out from a LIFO free list, each with a reference
+    count. ``allocate`` and ``free`` are O(1); a block returns to the free list
+    when its count drops to 0."""
 
     def allocate(self) -> int:
         """Take a free block, owned once (reference count 1)."""
@@ -68,19 +81,9 @@ class BlockAllocator:
         if self.ref_counts[block] == 0:
             self.free_list.append(block)
 
-    def _check_held(self, block: int, verb: str) -> None:
-        if not 0 <= block < self.num_blocks:
-            raise ValueError(
-                f"cannot {verb} block {block}: "
-                f"blocks are numbered 0..{self.num_blocks - 1}"
-            )
-        if self.ref_counts[block] == 0:
-            raise ValueError(
-                f"cannot {verb} block {block}: it is not allocated (double free?)"
-            )
-
-class BlockTable:
-    """One sequence's blocks, in logical order, and how many tokens they hold."""
+class LogicalBlocks:
+    """One sequence's blocks, in logical order, and how many tokens they hold;
+    growing by a block only when the last one is full."""
 
     def __init__(self, allocator: BlockAllocator):
         self.allocator = allocator
@@ -124,8 +127,17 @@ class BlockTable:
             )
         self.blocks.extend(self.allocator.allocate() for _ in range(needed))
 
+class BlockTable(LogicalBlocks):
+    """A sequence's block table: `LogicalBlocks` that can also free themselves and
+    translate a token's position into its physical slot."""
+
     def free(self) -> None:
-        """Release every block, newest first, so that the oldest is reused first."""
+        """Release every block, newest first. On this chapter's stack the oldest
+        block then lies on top, so whoever takes these blocks next gets them in the
+        order this sequence had them (a run of consecutive blocks stays a run);
+        with chapter 08's cache of freed blocks, the newest, least likely to be
+        another prompt's prefix, are the first evicted (vLLM frees in this order
+        for that reason)."""
         for block in reversed(self.blocks):
             self.allocator.free(block)
         self.blocks, self.num_tokens = [], 0
@@ -174,11 +186,10 @@ def block_table_tensor(
         len(tables), width
     )
 
-class PagedPool:
-    """A ``MemoryPool`` (see ``pagedkv_lab.workloads``) that gives requests blocks
-    as they grow."""
-
-    STATES = ("used", "internal", "free")
+class OnDemandBlocks:
+    """The allocation side of a paged ``MemoryPool`` (see ``pagedkv_lab.workloads``):
+    a request gets blocks for its prompt at admission and one block more each time
+    its last block fills."""
 
     def __init__(
         self,
@@ -193,6 +204,7 @@ class PagedPool:
         self.capacity = num_blocks * block_size
         self.max_model_len = max_model_len
         self.tables: dict[int, BlockTable] = {}
+        self.final_len: dict[int, int] = {}  # request id -> its length at the end
 
     def try_admit(self, req: Request, num_tokens: int) -> bool:
         if self.max_model_len is not None and req.total_len > self.max_model_len:
@@ -212,7 +224,7 @@ class PagedPool:
         if not self.allocator.can_allocate(needed):
             return False
         table.append(num_tokens)
-        self.tables[req.id] = table
+        self.tables[req.id], self.final_len[req.id] = table, req.total_len
         return True
 
     def append_token(self, req: Request, held: int) -> bool:
@@ -225,26 +237,39 @@ class PagedPool:
 
     def release(self, req: Request) -> None:
         self.tables.pop(req.id).free()
+        del self.final_len[req.id]
+
+class PagedPool(OnDemandBlocks):
+    """`OnDemandBlocks` with the accounting the simulator records each step, in
+    chapter 02's states: a last block's empty slots are ``reserved`` when the
+    request will fill them before it ends and ``internal`` when it never will."""
+
+    STATES = ("used", "reserved", "internal", "free")
 
     def usage(
         self, held: dict[int, int], waiting_head: Request | None
     ) -> dict[str, int]:
         bs = self.allocator.block_size
-        allocated = sum(len(t.blocks) for t in self.tables.values()) * bs
-        used = sum(held.values())
-        return {
-            "used": used,
-            "internal": allocated - used,
-            "free": self.allocator.num_free * bs,
-        }
+        totals = dict.fromkeys(self.STATES, 0)
+        for rid, table in self.tables.items():
+            slots = len(table.blocks) * bs
+            used = held.get(rid, table.num_tokens)
+            will_use = min(slots, self.final_len[rid])
+            totals["used"] += used
+            totals["reserved"] += will_use - used
+            totals["internal"] += slots - will_use
+        totals["free"] = self.allocator.num_free * bs
+        return totals
 
-    def layout(self) -> dict[int, tuple[int, int]]:
-        """Physical block -> (request id, tokens it holds), for each allocated block."""
+    def layout(self) -> dict[int, tuple[int, int, int]]:
+        """Physical block -> (request id, tokens it holds, tokens it will hold when
+        the request ends), for each allocated block."""
         bs = self.allocator.block_size
         owners = {}
         for rid, table in self.tables.items():
             for i, block in enumerate(table.blocks):
-                owners[block] = (rid, min(bs, table.num_tokens - i * bs))
+                now = min(bs, table.num_tokens - i * bs)
+                owners[block] = (rid, now, min(bs, self.final_len[rid] - i * bs))
         return owners
 
     def block_tables(self) -> dict[int, list[int]]:

@@ -12,7 +12,7 @@ from functools import lru_cache
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from .plotting import COLORS, LABELS
+from .plotting import COLORS, HATCHES, REQUEST_COLORS, request_color, state_patch
 
 
 def _legend_below(ax, handles, ncol: int) -> None:
@@ -98,6 +98,7 @@ def draw_pool_rows(
                 facecolors=COLORS[state],
                 edgecolor="white",
                 linewidth=0.6,
+                hatch=HATCHES.get(state),
             )
             start, length = start + run, length - run
     ax.set_xlim(0, row_len)
@@ -109,9 +110,7 @@ def draw_pool_rows(
         ax.set_title(title)
     if legend:
         shown = states or tuple(dict.fromkeys(s for _, _, s in segments))
-        handles = [
-            Patch(color=COLORS[s], label=LABELS[s]) for s in COLORS if s in shown
-        ]
+        handles = [state_patch(s) for s in COLORS if s in shown]
         ax.legend(
             handles=handles,
             loc="upper center",
@@ -130,31 +129,28 @@ def contiguous_trace_frames(
     num_requests: int = 120,
     seed: int = 0,
     every: int = 10,
+    fit: str = "buddy",
 ):
-    """Simulate W1 through a contiguous pool of ``pool_rows x max_model_len`` slots.
+    """Simulate W1 through a contiguous pool of ``pool_rows x max_model_len`` slots
+    (``fit``: the allocator, buddy by default as in the vLLM paper's baselines).
 
     One frame every ``every`` steps.
 
     Returns ``(capacity, frames)``; each frame is ``(step, segments, stats)`` with
     ``stats`` the running/waiting counts and the pool fractions at that step.
     """
-    from .contiguous import ContiguousPool, pool_segments
+    from .contiguous import ContiguousPool
     from .workloads import chat_workload, simulate
 
     requests = chat_workload(
         num_requests, seed=seed, arrival_rate=arrival_rate, max_model_len=max_model_len
     )
-    pool = ContiguousPool(pool_rows * max_model_len, max_model_len, policy=policy)
+    capacity = pool_rows * max_model_len
+    pool = ContiguousPool(capacity, max_model_len, policy=policy, fit=fit)
     result = simulate(requests, pool, snapshot_every=every)
     frames = []
     for snap in result.snapshots:
-        head = snap["waiting_head"]
-        segments = pool_segments(
-            snap["layout"],
-            snap["held"],
-            pool.capacity,
-            pool.need(head) if head is not None else None,
-        )
+        segments = snap["segments"]
         i = snap["step"]
         stats = {
             "running": int(result.running[i]),
@@ -169,7 +165,7 @@ def contiguous_pool_viewer():
     """An ipywidgets viewer of a contiguous KV pool serving the W1 chat trace.
 
     Sliders: pool size (in max-length rows), maximum model length, arrival rate
-    (requests per step), reservation policy, and the time step to show.
+    (requests per step), reservation policy, allocator, and the time step to show.
     """
     import ipywidgets as w
 
@@ -181,12 +177,15 @@ def contiguous_pool_viewer():
     policy = w.Dropdown(
         options=["max", "pow2", "oracle"], value="max", description="reserve"
     )
+    fit = w.Dropdown(
+        options=["buddy", "first", "best"], value="buddy", description="allocator"
+    )
     frame = w.IntSlider(0, min=0, max=0, description="frame")
     out = w.Output()
 
     def redraw(*_):
         capacity, frames = contiguous_trace_frames(
-            rows.value, max_len.value, rate.value, policy.value
+            rows.value, max_len.value, rate.value, policy.value, fit=fit.value
         )
         frame.max = len(frames) - 1
         step, segments, stats = frames[min(frame.value, frame.max)]
@@ -203,15 +202,15 @@ def contiguous_pool_viewer():
                 capacity,
                 max_len.value,
                 title=title,
-                states=("used", "reserved", "internal", "external", "free"),
+                states=("used", "reserved", "internal", "rounding", "external", "free"),
             )
             plt.show()
 
-    for control in (rows, max_len, rate, policy, frame):
+    for control in (rows, max_len, rate, policy, fit, frame):
         control.observe(redraw, names="value")
     redraw()
     show_viewer(
-        [w.HBox([rows, max_len]), w.HBox([rate, policy]), frame, out],
+        [w.HBox([rows, max_len]), w.HBox([rate, policy, fit]), frame, out],
         "contiguous pool viewer",
     )
 
@@ -228,8 +227,9 @@ def paged_trace_frames(
     """Simulate W1 through a paged pool; frames every ``every`` steps.
 
     Each frame is ``(step, owners, tables)``: ``owners`` maps physical block ->
-    (request id, tokens in it); ``tables`` maps request id -> its block table,
-    the allocator's own list of physical blocks in logical order.
+    (request id, tokens in it, tokens it will hold when the request ends);
+    ``tables`` maps request id -> its block table, the allocator's own list of
+    physical blocks in logical order.
     """
     from .paging import PagedPool
     from .workloads import chat_workload, simulate
@@ -246,40 +246,47 @@ def paged_trace_frames(
     )
 
 
-#: Request colours for block drawings: saturated, so that no request's colour
-#: looks like the white of empty slots or the grey of free blocks.
-OWNER_COLORS = [
-    "#0072B2",
-    "#D55E00",
-    "#009E73",
-    "#CC79A7",
-    "#E69F00",
-    "#56B4E9",
-    "#882255",
-    "#44AA99",
-]
+#: Request colours for block drawings (`plotting.REQUEST_COLORS`): none is the
+#: colour of a memory state.
+OWNER_COLORS = REQUEST_COLORS
 
 
 def owner_color(rid: int) -> str:
     """The colour a request's blocks are drawn in."""
-    return OWNER_COLORS[rid % len(OWNER_COLORS)]
+    return request_color(rid)
 
 
-def _draw_block(ax, x, y, w, h, owner, filled, block_size, label=None, size=6):
-    """One block: grey when free; else the owner's colour over the filled part and
-    white, hatched in the owner's colour, over the empty slots."""
+def _draw_block(
+    ax, x, y, w, h, owner, filled, block_size, label=None, size=6, will_fill=None
+):
+    """One block: grey when free; else the owner's colour over its filled slots,
+    then its empty slots hatched in the states' colours: ``reserved`` up to
+    ``will_fill`` (the slots the request fills before it ends; all of them when
+    unknown, as a running request's tail is reserved for its next tokens) and
+    ``internal`` past it."""
     if owner is None:
         ax.add_patch(plt.Rectangle((x, y), w, h, fc=COLORS["free"], ec="white", lw=0.5))
     else:
         color = owner_color(owner)
-        part = w * filled / block_size
+        will_fill = block_size if will_fill is None else max(filled, will_fill)
         ax.add_patch(plt.Rectangle((x, y), w, h, fc="white", ec=color, lw=0.8))
-        if filled < block_size:
-            ax.add_patch(
-                plt.Rectangle(
-                    (x + part, y), w - part, h, fc="none", ec=color, lw=0, hatch="////"
+        for state, a, b in (
+            ("reserved", filled, will_fill),
+            ("internal", will_fill, block_size),
+        ):
+            if b > a:
+                ax.add_patch(
+                    plt.Rectangle(
+                        (x + w * a / block_size, y),
+                        w * (b - a) / block_size,
+                        h,
+                        fc="none",
+                        ec=COLORS[state],
+                        lw=0,
+                        hatch="////",
+                    )
                 )
-            )
+        part = w * filled / block_size
         ax.add_patch(plt.Rectangle((x, y), part, h, fc=color, ec=color, lw=0.8))
     if label is not None:
         dark = owner is not None and filled > block_size / 2
@@ -294,15 +301,28 @@ def _draw_block(ax, x, y, w, h, owner, filled, block_size, label=None, size=6):
         )
 
 
-def block_legend_handles(highlight: bool = False) -> list:
-    """Legend entries for block drawings."""
+def block_legend_handles(highlight: bool = False, never_used: bool = True) -> list:
+    """Legend entries for block drawings (``never_used=False`` leaves out the
+    ``internal`` state, for drawings that do not know the requests' final
+    lengths)."""
     handles = [
-        Patch(fc=OWNER_COLORS[0], label="slots holding K/V (colour = request)"),
+        Patch(fc=REQUEST_COLORS[0], label="used: holds K/V (colour = request)"),
         Patch(
-            fc="white", ec=OWNER_COLORS[0], hatch="////", label="empty slots of a block"
+            fc="white",
+            ec=COLORS["reserved"],
+            hatch="////",
+            label="reserved, filled later",
+        ),
+        Patch(
+            fc="white",
+            ec=COLORS["internal"],
+            hatch="////",
+            label="reserved, never used (internal)",
         ),
         Patch(fc=COLORS["free"], label="free block"),
     ]
+    if not never_used:
+        del handles[2]
     if highlight:
         handles.append(Patch(fc="none", ec="black", lw=1.5, label="the request shown"))
     return handles
@@ -310,7 +330,7 @@ def block_legend_handles(highlight: bool = False) -> list:
 
 def draw_block_grid(
     ax,
-    owners: dict[int, tuple[int, int]],
+    owners: dict[int, tuple],
     num_blocks: int,
     block_size: int,
     columns: int = 16,
@@ -320,27 +340,22 @@ def draw_block_grid(
 ) -> None:
     """Draw physical blocks as a grid, block 0 top left, each labelled with its id.
 
-    A block held by a request is drawn in the request's colour over its filled
-    slots and hatched over its empty ones; free blocks are grey. Blocks of
-    request ``highlight`` get a black outline.
+    ``owners`` maps a block to ``(request id, tokens in it)`` or ``(request id,
+    tokens in it, tokens it will hold)`` (`PagedPool.layout`). A held block is
+    drawn in the request's colour over its filled slots and hatched over its
+    empty ones (see `_draw_block`); free blocks are grey. Blocks of request
+    ``highlight`` get a black outline.
     """
     rows = -(-num_blocks // columns)
     for block in range(num_blocks):
         row, col = divmod(block, columns)
         x, y = col + 0.04, rows - 1 - row + 0.04
-        owner, filled = owners.get(block, (None, 0))
+        owner, filled, *rest = owners.get(block, (None, 0))
+        label = str(block) if ids else None
         _draw_block(
-            ax,
-            x,
-            y,
-            0.92,
-            0.92,
-            owner,
-            filled,
-            block_size,
-            str(block) if ids else None,
-            fontsize,
-        )
+            ax, x, y, 0.92, 0.92, owner, filled, block_size, label, fontsize,
+            will_fill=rest[0] if rest else None,
+        )  # fmt: skip
         if highlight is not None and owner == highlight:
             ax.add_patch(
                 plt.Rectangle((x, y), 0.92, 0.92, fill=False, ec="black", lw=1.5)
@@ -351,10 +366,16 @@ def draw_block_grid(
     ax.axis("off")
 
 
+def grid_shape(num_blocks: int) -> tuple[int, bool]:
+    """Columns for a block grid, and whether block ids fit in its cells: 16 columns
+    with ids up to 256 blocks, 32 columns without ids beyond."""
+    return (16, True) if num_blocks <= 256 else (32, False)
+
+
 def draw_block_table(
     ax,
     table: list[int],
-    owners: dict[int, tuple[int, int]],
+    owners: dict[int, tuple],
     block_size: int,
     rid: int,
     max_rows: int = 16,
@@ -374,8 +395,11 @@ def draw_block_table(
         y = top - 1 - i
         ax.add_patch(plt.Rectangle((0.1, y + 0.05), 0.8, 0.9, fc="white", ec="#999999"))
         ax.text(0.5, y + 0.5, str(i), ha="center", va="center", fontsize=7)
-        _, filled = owners.get(block, (rid, block_size))
-        _draw_block(ax, 1.3, y + 0.05, 0.8, 0.9, rid, filled, block_size, str(block), 7)
+        _, filled, *rest = owners.get(block, (rid, block_size))
+        _draw_block(
+            ax, 1.3, y + 0.05, 0.8, 0.9, rid, filled, block_size, str(block), 7,
+            will_fill=rest[0] if rest else None,
+        )  # fmt: skip
     if len(table) > max_rows:
         more = len(table) - max_rows
         ax.text(1.2, -0.6, f"... {more} more", ha="center", fontsize=7)
@@ -500,12 +524,23 @@ def paged_pool_viewer():
         step, owners, tables = frames[min(frame.value, frame.max)]
         with out:
             out.clear_output(wait=True)
+            columns, ids = grid_shape(blocks.value)
+            rows = -(-blocks.value // columns)
             fig, (ax, ax_t) = plt.subplots(
-                1, 2, figsize=(9, 5), gridspec_kw={"width_ratios": [4, 1]}
+                1,
+                2,
+                figsize=(9, 1.6 + 4.4 * rows / columns),
+                gridspec_kw={"width_ratios": [4, 1]},
             )
             first = min(tables, default=None)
             draw_block_grid(
-                ax, owners, blocks.value, block_size.value, columns=16, highlight=first
+                ax,
+                owners,
+                blocks.value,
+                block_size.value,
+                columns=columns,
+                highlight=first,
+                ids=ids,
             )
             ax.set_title(
                 f"step {step}: {len(tables)} requests, "

@@ -7,21 +7,31 @@ and vLLM). A memory pool decides whether a request may start and how its
 memory grows; chapters 02 (contiguous reservation) and 03 (paging) plug in
 their own pools and are measured on the same trace.
 
+A step is charged the same whatever it contains: a prefill, or the recompute of
+a preempted request's K/V, costs nothing here. The simulator does count that
+work (`SimResult.recomputed_tokens`) and the K/V a pool copies
+(`SimResult.copied_slots`), so that a comparison of step counts can add it back
+(`SimResult.steps_with_recompute`).
+
 Workloads
 ---------
 W1, chat-like (`chat_workload`): prompt and output lengths are log-normal, with
-means matched to the ShareGPT statistics that Kwon et al. (SOSP 2023, §6.1)
-report for their serving traces: 161 input and 338 output tokens on average.
-The spread (``sigma``) is our choice, picked to give the heavy right tail that
-paper's Figure 11 shows; the paper does not publish it. Requests whose prompt
-plus output exceed the maximum model length are drawn again, which trims the
-long tail: the trace's mean lengths come out below those targets (chapter 02
-prints them).
+means set to the ShareGPT means that Kwon et al. (SOSP 2023) print in their
+Figure 11(a): 161.31 input and 337.99 output tokens. The paper does not publish
+the spread; ``sigma_prompt=1.0`` and ``sigma_output=0.8`` are this library's
+choice (not fitted to any result of the paper), and chapter 02 shows how its
+results move with them. Requests whose prompt plus output exceed the maximum
+model length are drawn again, which trims the long tail: the trace's mean
+lengths come out below those targets (chapter 02 prints them).
 
 W2, uniform (`uniform_workload`): input and output lengths uniform in
 [100, 1024], as in nano-vllm's benchmark, EOS ignored.
 
-Arrivals are a Poisson process (exponential gaps) with a rate in requests per step.
+Arrivals are a Poisson process (exponential gaps) with a rate in requests per
+step. At the chapters' rate of one request per step, 400 requests have all
+arrived by about step 400 while serving them takes thousands of steps: after
+the first few hundred steps the trace is an offline backlog, the regime in which
+the memory pool alone decides how many requests run.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from typing import Protocol
 
 import numpy as np
 
-SHAREGPT_MEAN_PROMPT = 161.31  # Kwon et al. 2023, §6.1 (ShareGPT)
+SHAREGPT_MEAN_PROMPT = 161.31  # Kwon et al. 2023, Fig. 11(a) (ShareGPT)
 SHAREGPT_MEAN_OUTPUT = 337.99
 
 
@@ -164,10 +174,38 @@ class SimResult:
     start_step: dict[int, int]
     preemptions: int = 0
     snapshots: list[dict] = field(default_factory=list)
+    #: K/V recomputed on readmission: the tokens each preempted request held.
+    recomputed_tokens: int = 0
+    #: Tokens the trace generates (the sum of its output lengths).
+    generated_tokens: int = 0
+    #: Token slots whose K/V the pool copied (``pool.copied``; 0 when it never copies).
+    copied_slots: int = 0
 
     @property
     def steps(self) -> int:
         return len(self.running)
+
+    @property
+    def recompute_per_token(self) -> float:
+        """Recomputed tokens per generated token: the work preemption adds."""
+        return self.recomputed_tokens / max(1, self.generated_tokens)
+
+    def steps_with_recompute(self, tokens_per_step: float) -> float:
+        """Steps plus the recompute, charged at ``tokens_per_step`` prefill tokens
+        for the time of one decode step (a model of the device, not a measurement:
+        the simulator's steps charge a recompute nothing)."""
+        return self.steps + self.recomputed_tokens / tokens_per_step
+
+    def costs(self) -> dict[str, float]:
+        """The work behind the step count, for any table that compares step counts
+        or utilisation: preemptions, recomputed tokens, recomputed tokens per
+        generated token, and slots copied."""
+        return {
+            "preemptions": self.preemptions,
+            "recomputed": self.recomputed_tokens,
+            "recomputed_per_token": self.recompute_per_token,
+            "copied": self.copied_slots,
+        }
 
     def _mask(self, loaded_only: bool) -> np.ndarray:
         if loaded_only and (self.waiting > 0).any():
@@ -208,13 +246,14 @@ def simulate(
     cannot grow a request, the most recently started one is preempted: it frees
     everything and goes back to the head of the queue, keeping its tokens, and
     on readmission recomputes their K/V in one prefill, as vLLM's recompute
-    preemption does; (4) the pool's state is recorded; (5) finished requests
-    free their memory.
+    preemption does (counted in ``recomputed_tokens``, charged no step); (4)
+    the pool's state is recorded; (5) finished requests free their memory.
 
     With ``snapshot_every``, a dict ``{"step", "held", "waiting_head", "layout",
-    "tables"}`` is kept every that many steps: ``layout`` from ``pool.layout()``
-    and ``tables`` (request id -> block table, logical order) from
-    ``pool.block_tables()``, each None when the pool has no such method.
+    "tables", "segments"}`` is kept every that many steps: ``layout`` from
+    ``pool.layout()``, ``tables`` (request id -> block table, logical order) from
+    ``pool.block_tables()`` and ``segments`` from ``pool.segments(held, head)``,
+    each None when the pool has no such method.
     """
     pending = deque(sorted(requests, key=lambda r: (r.arrival, r.id)))
     waiting: deque[Request] = deque()
@@ -225,7 +264,7 @@ def simulate(
     finish: dict[int, int] = {}
     usage: dict[str, list[int]] = {}
     n_running, n_waiting, snaps = [], [], []
-    preemptions = 0
+    preemptions = recomputed = 0
     step = 0
     while pending or waiting or running:
         if step >= max_steps:
@@ -240,7 +279,7 @@ def simulate(
             if not pool.try_admit(req, num_tokens):
                 break
             waiting.popleft()
-            resume.pop(req.id, None)
+            recomputed += resume.pop(req.id, 0)  # a readmitted request recomputes
             running[req.id], held[req.id] = req, num_tokens
             start.setdefault(req.id, step)
         # (3) Every running request produces one token; preempt the newest if
@@ -281,6 +320,9 @@ def simulate(
         start_step=start,
         preemptions=preemptions,
         snapshots=snaps,
+        recomputed_tokens=recomputed,
+        generated_tokens=sum(r.output_len for r in requests),
+        copied_slots=getattr(pool, "copied", 0),
     )
 
 
@@ -292,6 +334,7 @@ def _snapshot(pool, step: int, held: dict[int, int], head: Request | None) -> di
         "waiting_head": head,
         "layout": pool.layout() if hasattr(pool, "layout") else None,
         "tables": pool.block_tables() if hasattr(pool, "block_tables") else None,
+        "segments": pool.segments(held, head) if hasattr(pool, "segments") else None,
     }
 
 

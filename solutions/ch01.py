@@ -22,6 +22,7 @@ def longest_request(config, gpu_bytes: int, kv_dtype_bytes: int) -> int:
     return spec.tokens_in(kv_budget(config, gpu_bytes))
 
 
-# Exercise 3: on an L4 (24 GiB) Llama-3-8B's fp16 weights leave room for about 42,000
-# tokens of fp16 cache, twice that in fp8: one conversation longer than the model's
-# 8192-token context fits either way, and 2048-token requests number 20 and 41.
+# Exercise 3: on an L4 (23,034 MiB as its runtime reports it) Llama-3-8B's fp16 weights
+# leave room for about 43,000 tokens of fp16 cache, twice that in fp8: one conversation
+# longer than the model's 8192-token context fits either way, and 2048-token requests
+# number 21 and 42.

@@ -31,4 +31,7 @@ def pool_shares(extra_slots: int) -> tuple[float, float]:
 # only 1000 are free in total: it is short of memory, not blocked by fragmentation,
 # so the chapter's definition (enough free slots in total, no gap large enough) does
 # not apply. It is waste all the same: a tail smaller than one region never holds a
-# token. A pool whose size is not a multiple of the region size always has one.
+# token. A pool whose size is not a multiple of the region size always has one. The
+# vLLM paper's Figure 2 counts it under "external fragmentation & others": its
+# Orca (Max) pool of 15.7K slots holds 7 regions of 2048 and a tail of 8.9%, the
+# whole of that row's "others" (chapter 02 measures 8.85%).

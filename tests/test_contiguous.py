@@ -5,10 +5,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagedkv_lab.contiguous import (
+    BuddyAllocator,
     ContiguousAllocator,
     ContiguousKVCache,
     ContiguousPool,
+    GrowingPool,
     OutOfMemoryError,
+    max_reservation_share,
+    next_pow2,
     pool_segments,
     reservation,
 )
@@ -143,7 +147,10 @@ def test_max_reservation_wastes_most_of_the_pool_and_oracle_has_no_internal_wast
 def test_reservation_policies():
     r = Request(0, 0.0, 100, 200)
     assert reservation(r, "max", 2048) == 2048
-    assert reservation(r, "pow2", 2048) == 512
+    # §6.1: the output is rounded up to a power of two, the prompt added on top.
+    assert reservation(r, "pow2", 2048) == 100 + 256
+    assert reservation(Request(1, 0.0, 40, 25), "pow2", 2048) == 40 + 32
+    assert reservation(Request(2, 0.0, 1600, 300), "pow2", 2048) == 2048  # capped
     assert reservation(r, "oracle", 2048) == 300
     with pytest.raises(ValueError, match="unknown reservation policy"):
         reservation(r, "guess", 2048)
@@ -158,7 +165,7 @@ def test_request_longer_than_max_model_len_is_rejected():
 
 
 def test_segments_mark_external_only_when_fragmentation_blocks():
-    layout = [(0, 10, 1, 8), (20, 10, 2, 10)]  # gaps [10,20) and [30,40)
+    layout = [(0, 10, 1, 8, 10), (20, 10, 2, 10, 10)]  # gaps [10,20) and [30,40)
     held = {1: 5, 2: 10}
     segs = pool_segments(layout, held, 40, waiting_need=15)
     assert ("external" in {s for _, _, s in segs}) and sum(n for _, n, _ in segs) == 40
@@ -224,3 +231,146 @@ def test_uniform_workload_bounds():
     assert all(
         100 <= r.prompt_len <= 1024 and 100 <= r.output_len <= 1024 for r in reqs
     )
+
+
+def test_segments_split_the_allocators_rounding():
+    # A 16-slot block for a request that asked 12 and will reach 9, holding 4.
+    segs = pool_segments([(0, 16, 1, 9, 12)], {1: 4}, 16)
+    assert segs == [
+        (0, 4, "used"),
+        (4, 5, "reserved"),
+        (9, 3, "internal"),
+        (12, 4, "rounding"),
+    ]
+    assert pool_segments([(0, 8, 1, 8, 8)], {1: 8}, 16, blocked=True)[-1] == (
+        8,
+        8,
+        "external",
+    )
+
+
+def test_next_pow2():
+    assert [next_pow2(n) for n in (1, 2, 3, 4, 5, 1000, 1024, 1025)] == [
+        1,
+        2,
+        4,
+        4,
+        8,
+        1024,
+        1024,
+        2048,
+    ]
+
+
+def test_buddy_allocator_splits_merges_and_rounds_up():
+    a = BuddyAllocator(13)  # 8 + 4 + 1
+    assert a.allocate("A", 3) == a.regions["A"] and a.regions["A"].length == 4
+    assert a.regions["A"].start == 8  # the free block of 4, no split
+    b = a.allocate("B", 2)
+    assert (b.start, b.length) == (0, 2)  # the block of 8 split twice
+    assert a.largest_gap == 4 and a.num_free == 13 - 6
+    a.free("B")
+    assert a.largest_gap == 8  # merged back into the initial block
+    with pytest.raises(OutOfMemoryError):
+        a.allocate("C", 9)
+    with pytest.raises(KeyError):
+        a.free("B")
+
+
+def test_free_neighbours_that_are_not_buddies_do_not_merge():
+    a = BuddyAllocator(16)
+    for owner in "ABCD":
+        a.allocate(owner, 4)
+    a.free("B")
+    a.free("C")
+    assert [(g.start, g.length) for g in a.gaps()] == [(4, 8)]
+    assert not a.can_allocate(8) and a.can_allocate(4)
+    a.free("A")
+    assert a.can_allocate(8)
+
+
+class BuddyMachine(RuleBasedStateMachine):
+    """Random allocate/free sequences keep a buddy pool consistent: blocks are
+    powers of two aligned to their size, they never overlap, free blocks and
+    regions tile the pool, and no two free buddies are left unmerged."""
+
+    def __init__(self):
+        super().__init__()
+        self.alloc = BuddyAllocator(100)
+        self.next_owner = 0
+
+    @rule(n=st.integers(1, 70))
+    def allocate(self, n):
+        if self.alloc.can_allocate(n):
+            region = self.alloc.allocate(self.next_owner, n)
+            assert region.length == next_pow2(n)
+        else:
+            with pytest.raises(OutOfMemoryError):
+                self.alloc.allocate(self.next_owner, n)
+        self.next_owner += 1
+
+    @precondition(lambda self: self.alloc.regions)
+    @rule(data=st.data())
+    def free(self, data):
+        self.alloc.free(data.draw(st.sampled_from(sorted(self.alloc.regions))))
+
+    @invariant()
+    def blocks_tile_the_pool(self):
+        a = self.alloc
+        spans = [(r.start, r.length) for r in a.regions.values()]
+        spans += [(s, 1 << k) for k, starts in a.free_blocks.items() for s in starts]
+        covered = sorted(spans)
+        cursor = 0
+        for start, length in covered:
+            assert start == cursor and start % length == 0
+            cursor += length
+        assert cursor == 100
+        for k, starts in a.free_blocks.items():
+            for s in starts:
+                if a.initial.get(s) != k:
+                    assert s ^ (1 << k) not in starts  # free buddies merge
+
+
+TestBuddyMachine = BuddyMachine.TestCase
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 300), st.integers(1, 300), st.floats(0, 50)),
+        min_size=1,
+        max_size=25,
+    ),
+    st.sampled_from(["max", "pow2", "oracle"]),
+)
+def test_buddy_pool_accounting_sums_to_capacity(specs, policy):
+    reqs = [Request(i, t, p, o) for i, (p, o, t) in enumerate(specs)]
+    pool = ContiguousPool(4 * 600 + 123, 600, policy=policy, fit="buddy")
+    result = simulate(reqs, pool, snapshot_every=7)
+    assert (sum(result.usage.values()) == pool.capacity).all()
+    assert pool.allocator.regions == {} and pool.allocator.largest_gap == 2048
+    for snap in result.snapshots:  # the viewer's segments tile the pool
+        assert sum(n for _, n, _ in snap["segments"]) == pool.capacity
+
+
+def test_max_reservation_share_matches_the_simulator():
+    reqs = chat_workload(300, seed=4, arrival_rate=1.0)
+    res = simulate(
+        reqs, ContiguousPool(7 * 2048 + 500, 2048, policy="max", fit="buddy")
+    )
+    closed = max_reservation_share(reqs, 2048, 7 * 2048 + 500)
+    assert abs(closed - res.fractions()["used"]) < 0.02  # a finite trace
+    assert abs(res.fractions()["free"] - 500 / (7 * 2048 + 500)) < 1e-9
+
+
+def test_growing_pool_copies_preempts_and_reports_it():
+    reqs = chat_workload(120, seed=0, arrival_rate=1.0)
+    pool = GrowingPool(4 * 2048, 2048)
+    res = simulate(reqs, pool)
+    assert set(res.finish_step) == {r.id for r in reqs}
+    assert res.copied_slots == pool.copied > 0 and pool.moves > 0
+    assert res.preemptions > 0 and res.recomputed_tokens > 0
+    assert (
+        res.costs()["recomputed_per_token"]
+        == res.recomputed_tokens / res.generated_tokens
+    )
+    assert res.steps_with_recompute(100) == res.steps + res.recomputed_tokens / 100

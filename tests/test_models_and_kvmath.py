@@ -2,7 +2,13 @@ import pytest
 import torch
 
 from pagedkv_lab import models
-from pagedkv_lab.device import by_device, device_report, pick_device, triton_mode
+from pagedkv_lab.device import (
+    KNOWN_GPUS,
+    by_device,
+    device_report,
+    pick_device,
+    triton_mode,
+)
 from pagedkv_lab.kvmath import (
     KVSpec,
     cache_nbytes,
@@ -101,10 +107,13 @@ def test_real_model_numbers():
 def test_budget_and_capacity():
     cfg = real_model_configs()["Llama-2-7B"]
     gpus = gpu_memory_bytes()
-    # Vendors' "GB" of GPU memory are GiB: an "80 GB" H100 has 80 * 2**30 bytes.
-    assert gpus["H100-80GB"] == 80 * 2**30 and gpus["T4"] == 16 * 2**30
+    # The memory the runtime reports: a "16 GB" T4 shows 15,360 MiB with ECC on.
+    assert gpus == {n: s.total_memory for n, s in KNOWN_GPUS.items()}
+    assert gpus["T4"] == 15_360 * 2**20 and gpus["L4"] == 23_034 * 2**20
     request = 2048 * KVSpec.from_config(cfg).bytes_per_token
-    assert request <= kv_budget(cfg, gpus["T4"]) < 2 * request
+    # Llama-2-7B's fp16 weights fit a T4, but not one full-length request beside them.
+    assert 0 < kv_budget(cfg, gpus["T4"]) < request
+    assert kv_budget(cfg, gpus["L4"]) // request == 7
     assert kv_budget(real_model_configs()["Llama-2-70B"], gpus["H100-80GB"]) < 0
     assert KVSpec(1, 1, 1, 2).tokens_in(-5) == 0
     assert format_bytes(512) == "512 B" and format_bytes(320 * 1024) == "320.0 KiB"

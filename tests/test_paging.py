@@ -159,6 +159,9 @@ def test_paged_pool_serves_everything_and_frees_all(specs, block_size):
     assert set(result.finish_step) == {r.id for r in reqs}
     assert pool.allocator.num_free == pool.allocator.num_blocks and pool.tables == {}
     assert (sum(result.usage.values()) == pool.capacity).all()
+    tails = result.usage["reserved"] + result.usage["internal"]
+    assert (tails <= result.running * (block_size - 1)).all()
+    # A request's never-used slots are those past its final length, in its last block.
     assert (result.usage["internal"] <= result.running * (block_size - 1)).all()
 
 
@@ -182,3 +185,32 @@ def test_preempted_requests_resume_with_their_tokens():
     reqs = [Request(0, 0.0, 10, 40), Request(1, 0.0, 10, 40)]
     result = simulate(reqs, PagedPool(5, 16, watermark=0.0))
     assert result.preemptions >= 1 and set(result.finish_step) == {0, 1}
+
+
+def test_paged_tails_split_into_filled_later_and_never_used():
+    # One request of 20 + 5 tokens, blocks of 8: 4 blocks at the end, 7 slots unused.
+    reqs = [Request(0, 0.0, 20, 5)]
+    pool = PagedPool(8, 8, watermark=0.0)
+    res = simulate(reqs, pool)
+    first = {k: int(v[0]) for k, v in res.usage.items()}
+    # Step 0: 21 tokens in 3 blocks (24 slots); it will end at 25 (4 blocks).
+    assert first == {"used": 21, "reserved": 3, "internal": 0, "free": 40}
+    last = {k: int(v[-1]) for k, v in res.usage.items()}
+    assert last == {"used": 25, "reserved": 0, "internal": 7, "free": 32}
+
+
+def test_recompute_is_counted_on_readmission():
+    reqs = [Request(0, 0.0, 10, 40), Request(1, 0.0, 10, 40)]
+    result = simulate(reqs, PagedPool(5, 16, watermark=0.0))
+    assert result.preemptions >= 1 and result.recomputed_tokens >= 10
+    assert result.generated_tokens == 80
+
+
+def test_freeing_a_table_hands_its_blocks_back_in_the_same_order():
+    alloc = BlockAllocator(8, 4)
+    a = BlockTable(alloc)
+    a.append(12)  # blocks 0, 1, 2
+    a.free()
+    b = BlockTable(alloc)
+    b.append(12)
+    assert b.blocks == [0, 1, 2]

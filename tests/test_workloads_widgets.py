@@ -186,3 +186,38 @@ def test_preemption_trace_pools_have_the_asked_sizes_in_any_dtype(dtype, monkeyp
     assert frames[-1]["preemptions"] > 0
     used = max(sum(o is not None for o in f["device"]) for f in frames)
     assert used > 10  # the pool is filled, not a quarter of a bigger one
+
+
+def test_request_colours_are_never_a_memory_states_colour():
+    from matplotlib.colors import to_rgb
+
+    from pagedkv_lab.plotting import COLORS, REQUEST_COLORS, request_color
+
+    assert len(set(REQUEST_COLORS)) == len(REQUEST_COLORS) >= 16
+    states = {to_rgb(c) for c in COLORS.values()} | {to_rgb("white")}
+    for color in REQUEST_COLORS:
+        rgb = to_rgb(color)
+        assert (
+            min(sum((a - b) ** 2 for a, b in zip(rgb, s)) ** 0.5 for s in states) > 0.1
+        )
+    assert (
+        request_color(3) == REQUEST_COLORS[3] and request_color(16) == REQUEST_COLORS[0]
+    )
+
+
+def test_block_grids_drop_ids_when_they_would_overlap(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pagedkv_lab.widgets import draw_block_grid, grid_shape
+
+    assert grid_shape(256) == (16, True) and grid_shape(512) == (32, False)
+    owners = {0: (1, 16, 16), 3: (1, 5, 9), 2: (2, 3, 3)}  # held, will hold
+    fig, ax = plt.subplots()
+    columns, ids = grid_shape(512)
+    draw_block_grid(ax, owners, 512, 16, columns=columns, ids=ids)
+    assert not ax.texts
+    fig.savefig(tmp_path / "grid.png")
+    plt.close(fig)

@@ -631,7 +631,7 @@ def blocks_section(
                 "block_size": bs,
                 "throughput_vs_ref": seconds[ref] / seconds[bs],
                 "tok_per_s": sum(map(len, tokens[bs])) / seconds[bs],
-                "unfilled_share": f["internal"],
+                "unfilled_share": f["reserved"] + f["internal"],
                 "kernel_ms": kernel_ms.get(bs),
                 "same_tokens": tokens[bs] == tokens[ref],
             }

@@ -1,0 +1,482 @@
+"""The figures that explanations of PagedAttention repeat, each with its sources.
+
+One place for a claim's wording: `book/claims.md`'s table is generated from
+`CLAIMS` (``python -m pagedkv_lab.claims book/claims.md``; a test fails when the
+page disagrees), chapters 01-03 quote from it, and chapter 11 audits it. Each
+`Claim` has the course's one-line statement of it (as in the project's claims
+list) and the places it is stated, each `Quote` with the source's own words and
+figure. A source is a paper or post of ``book/references.bib`` (by its bibtex
+key, with section, figure or table), or one of the circulating explanations by
+its own title and section (the explanations are not linked: they are cited by
+title, as the course's list of them does).
+
+Verdicts are not kept here: they follow from measurements, which the chapters
+make.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The explanations the course answers, by their own titles (their form in brackets).
+EXPLAINERS = {
+    "a": '"the fragmentation problem" (a post in a blog series on KV caches)',
+    "b": '"nano-vLLM Deep Dive", chapter 04 "PagedAttention" (an online course)',
+    "c": '"PagedAttention: How vLLM Borrowed OS Virtual Memory to Fix LLM Serving" '
+    '(part 5 of the series "Inference Optimization Timeline")',
+    "d": '"PagedAttention: Virtual Memory for KV-Cache" (a course chapter)',
+    "e": '"KV Cache Fragmentation and the Virtual Memory Solution That '
+    'PagedAttention Brought" (an article)',
+}
+
+#: Short names of the bibtex keys, for plain-text output.
+PAPERS = {
+    "kwon2023vllm": "Kwon et al. 2023 (the vLLM paper)",
+    "kwon2023vllmblog": "the vLLM blog post (Kwon et al., June 2023)",
+    "yu2022orca": "Yu et al. 2022 (Orca)",
+    "zheng2024sglang": "Zheng et al. 2024 (SGLang)",
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a claim is stated: ``ref`` is a bibtex key of ``book/references.bib``
+    or a key of `EXPLAINERS`; ``where`` the section, figure or table."""
+
+    ref: str
+    where: str
+
+    @property
+    def is_explainer(self) -> bool:
+        return self.ref in EXPLAINERS
+
+    def text(self) -> str:
+        """Plain text, for notebooks' printed output."""
+        name = EXPLAINERS[self.ref] if self.is_explainer else PAPERS[self.ref]
+        if self.is_explainer:
+            name = name.split(" (")[0]
+        return f"{name}, {self.where}"
+
+    def markdown(self) -> str:
+        """MyST markdown, with a citation for a paper or post."""
+        if self.is_explainer:
+            return f"{EXPLAINERS[self.ref].split(' (')[0]}, {self.where}"
+        return f"{{cite}}`{self.ref}`, {self.where}"
+
+
+@dataclass(frozen=True)
+class Quote:
+    """One place a claim is stated: the source's words and the figure it gives."""
+
+    words: str
+    figure: str
+    source: Source
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A circulating figure: its id, the course's statement of it, where it is
+    stated, and the chapters that measure it."""
+
+    id: str
+    statement: str
+    quotes: tuple[Quote, ...]
+    chapters: tuple[str, ...]
+
+    @property
+    def source(self) -> Source:
+        """The first source: the primary one where a paper states it."""
+        return self.quotes[0].source
+
+    def sources_text(self) -> str:
+        return "; ".join(q.source.text() for q in self.quotes)
+
+
+def _q(words: str, figure: str, ref: str, where: str) -> Quote:
+    return Quote(words, figure, Source(ref, where))
+
+
+_VLLM, _BLOG = "kwon2023vllm", "kwon2023vllmblog"
+
+CLAIMS: dict[str, Claim] = {
+    c.id: c
+    for c in [
+        Claim(
+            "M1",
+            "Contiguous max-length reservation leaves only 20-38% of KV memory "
+            "holding real tokens (60-80% wasted)",
+            (
+                _q(
+                    "only 20.4% - 38.2% of the KV cache memory is used to store the "
+                    "actual token states in the existing systems",
+                    "20.4%-38.2%, over Orca (Max), (Pow2) and (Oracle)",
+                    _VLLM,
+                    "§1 and Fig. 2",
+                ),
+                _q(
+                    "We find that existing systems waste 60% – 80% of memory due to "
+                    "fragmentation and over-reservation.",
+                    "60%-80% wasted",
+                    _BLOG,
+                    'section "The Secret Sauce: PagedAttention"',
+                ),
+                _q(
+                    "naive implementations achieve only 20–38% GPU memory utilization",
+                    "20-38%",
+                    "a",
+                    "its first section",
+                ),
+                _q(
+                    "existing systems waste 60–80% of KV cache memory due to "
+                    "fragmentation",
+                    "60-80% wasted",
+                    "b",
+                    'section "Why the naive approach wastes 60–80% of GPU memory"',
+                ),
+            ),
+            ("02", "11"),
+        ),
+        Claim(
+            "M2",
+            "Paging reaches ~96% utilization; waste < 4%, only the last partial "
+            "block per sequence",
+            (
+                _q(
+                    "vLLM limits all the memory wastes for a request within one block",
+                    "96.3% of KV memory holds token states, for vLLM",
+                    _VLLM,
+                    "§4.3 and Fig. 2",
+                ),
+                _q(
+                    "In PagedAttention, memory waste only happens in the last block "
+                    "of a sequence. In practice, this results in near-optimal memory "
+                    "usage, with a mere waste of under 4%.",
+                    "under 4% wasted",
+                    _BLOG,
+                    'section "The Secret Sauce: PagedAttention"',
+                ),
+                _q(
+                    "paged attention ... achieving ~96% utilization",
+                    "~96%",
+                    "a",
+                    'section "memory utilization: 30% → 96%"',
+                ),
+            ),
+            ("03", "11"),
+        ),
+        Claim(
+            "M3",
+            "Waste breakdown for contiguous: internal ~45%, external ~13%, "
+            "reservation ~10% of pool",
+            (
+                _q(
+                    "Memory Waste Breakdown (A100-80GB, Llama-70B, 50 concurrent "
+                    "requests): Actual KV Data 32%, Internal Fragmentation 45%, "
+                    "External Fragmentation 13%, Reservation Waste 10%",
+                    "45% internal, 13% external, 10% reservation",
+                    "c",
+                    'section "The Two Types of Fragmentation"',
+                ),
+            ),
+            ("02", "11"),
+        ),
+        Claim(
+            "M4",
+            "KV bytes per token = 2 x layers x kv_heads x head_dim x dtype bytes; "
+            "Llama-2-70B fp16: 320 KiB/token, 640 MiB per 2048-token request",
+            (
+                _q(
+                    "KV per token = 2 × 80 × 8 × 128 × 2 = 327,680 bytes ≈ 320 KB ... "
+                    "320 KB × 2048 ≈ 640 MB per request",
+                    "320 KB per token, 640 MB per 2048 tokens",
+                    "c",
+                    'section "How Traditional KV Cache Allocation Works"',
+                ),
+            ),
+            ("01", "11"),
+        ),
+        Claim(
+            "M5",
+            'Llama-2-7B fp16 needs "about 16 KB per token" and "about 64 MB per '
+            '4096-token sequence"',
+            (
+                _q(
+                    "approximately 16 KB per token in float16: 2 × 32 layers × 32 "
+                    "heads × 128 head dim × 2 bytes. A 4096-token active sequence "
+                    "occupies roughly 64 MB of KV cache.",
+                    "16 KB per token, 64 MB per 4096 tokens",
+                    "e",
+                    'section "The Fragmentation Problem Continuous Batching Exposes"',
+                ),
+            ),
+            ("01", "11"),
+        ),
+        Claim(
+            "M6",
+            "With paging, ~3x-4x more concurrent requests fit in the same memory",
+            (
+                _q(
+                    "vLLM processes 2.2× more requests at the same time than Orca "
+                    "(Oracle) and 4.3× more requests than Orca (Max)",
+                    "4.3x Orca (Max), 2.2x Orca (Oracle); OPT-13B, ShareGPT, 2 req/s",
+                    _VLLM,
+                    "§6.2 and Fig. 13(a)",
+                ),
+                _q(
+                    "roughly 3× more requests can be in flight simultaneously on the "
+                    "same hardware",
+                    "~3x",
+                    "a",
+                    'section "memory utilization: 30% → 96%"',
+                ),
+                _q(
+                    "Limited by actual tokens used — 3–5× more requests",
+                    "3-5x",
+                    "b",
+                    'section "What PagedAttention enables"',
+                ),
+                _q(
+                    "it can fit 2-4x more concurrent requests in the same GPU memory",
+                    "2-4x",
+                    "c",
+                    'section "Why It Is Worth It"',
+                ),
+            ),
+            ("03", "11"),
+        ),
+        Claim(
+            "S1",
+            "Paging costs 4-15% extra attention-kernel time, growing with context "
+            "(128 -> 4096 tokens)",
+            (
+                _q(
+                    "The overhead ranges from ~4% for short sequences to ~15% for "
+                    "long sequences.",
+                    "+4.8% at 128 tokens to +15.0% at 4096 (A100-80GB)",
+                    "c",
+                    'section "Measured Overhead"',
+                ),
+                _q(
+                    "this leads to 20–26% higher attention kernel latency, compared "
+                    "to the highly-optimized FasterTransformer implementation",
+                    "20-26% over FasterTransformer's kernel",
+                    _VLLM,
+                    "§7.1 and Fig. 18(a)",
+                ),
+            ),
+            ("04", "10", "11"),
+        ),
+        Claim(
+            "S2",
+            "End-to-end throughput 2-4x over prior systems at the same latency; up "
+            "to 24x over plain HF generate",
+            (
+                _q(
+                    "vLLM improves the throughput of popular LLMs by 2-4× with the "
+                    "same level of latency compared to the state-of-the-art systems",
+                    "2-4x over FasterTransformer and Orca",
+                    _VLLM,
+                    "abstract; §6.2 and Fig. 12",
+                ),
+                _q(
+                    "vLLM achieves up to 24x higher throughput compared to HF",
+                    "up to 24x over HuggingFace Transformers",
+                    _BLOG,
+                    'section "Beyond State-of-the-art Performance"',
+                ),
+            ),
+            ("06", "10", "11"),
+        ),
+        Claim(
+            "S3",
+            "Iteration-level (continuous) batching: up to 36.9x over static batching",
+            (
+                _q(
+                    "ORCA can significantly outperform NVIDIA FasterTransformer in "
+                    "terms of both latency and throughput: 36.9× throughput "
+                    "improvement at the same level of latency",
+                    "36.9x over FasterTransformer, GPT-3 175B",
+                    "yu2022orca",
+                    "abstract",
+                ),
+                _q(
+                    "reported up to 36.9x throughput improvement over static "
+                    "batching baselines",
+                    "36.9x over static batching",
+                    "e",
+                    "opening paragraph",
+                ),
+            ),
+            ("06", "11"),
+        ),
+        Claim(
+            "S4",
+            "Block size 16 is the sweet spot; 32 for long contexts",
+            (
+                _q(
+                    "Block size 16 is the sweet spot ... Increase to 32 for "
+                    "long-context workloads.",
+                    "16; 32 for long contexts",
+                    "c",
+                    'section "Conclusion", point 4',
+                ),
+                _q(
+                    "block size 16 is large enough to efficiently utilize the GPU "
+                    "and small enough to avoid significant internal fragmentation in "
+                    "most workloads",
+                    "16 (vLLM's default)",
+                    _VLLM,
+                    "§7.2 and Fig. 18(b)",
+                ),
+            ),
+            ("03", "04", "10", "11"),
+        ),
+        Claim(
+            "S5",
+            "A LIFO free list beats FIFO by 5-12% L2 hit rate on block writes",
+            (
+                _q(
+                    "In practice, LIFO improves L2 hit rates by 5-12% for the block "
+                    "write path.",
+                    "5-12% L2 hit rate",
+                    "c",
+                    'section "The Free Block List" ("Why LIFO, Not FIFO?")',
+                ),
+            ),
+            ("03", "10", "11"),
+        ),
+        Claim(
+            "S6",
+            "Swap to CPU beats recompute for long sequences (PCIe ~25 GB/s vs "
+            "prefill rate)",
+            (
+                _q(
+                    "For these model sizes, swapping is almost always cheaper than "
+                    "recomputation because PCIe bandwidth is much faster than "
+                    "prefill computation.",
+                    "PCIe Gen4 x16 ~25 GB/s; swap cheaper at every length",
+                    "c",
+                    'section "When to Swap vs Recompute"',
+                ),
+                _q(
+                    "recomputation is more efficient when the block size is small, "
+                    "while swapping is more efficient when the block size is large",
+                    "comparable for blocks of 16-64",
+                    _VLLM,
+                    "§7.3 and Fig. 19",
+                ),
+            ),
+            ("09", "11"),
+        ),
+        Claim(
+            "C1",
+            "Parallel sampling / beam search share prompt blocks; up to 55% memory "
+            "saved, 2.2x throughput",
+            (
+                _q(
+                    "cutting their memory usage by up to 55%. This can translate "
+                    "into up to 2.2x improvement in throughput.",
+                    "up to 55% memory, up to 2.2x throughput",
+                    _BLOG,
+                    'section "The Secret Sauce: PagedAttention"',
+                ),
+                _q(
+                    "We show 6.1% - 9.8% memory saving on parallel sampling and "
+                    "37.6% - 55.2% on beam search.",
+                    "6.1-9.8% parallel, 37.6-55.2% beam (Alpaca)",
+                    _VLLM,
+                    "§6.3 and Fig. 15",
+                ),
+            ),
+            ("07", "11"),
+        ),
+        Claim(
+            "C2",
+            "A shared system prompt of 500 tokens over 64 concurrent chats saves ~70% "
+            "KV memory; RAG-like 2000-token context ~80%",
+            (
+                _q(
+                    "Prefix Caching Memory Savings (Llama-70B): Chatbot, 500-token "
+                    "system prompt, 64 concurrent requests, 70%; RAG Pipeline, "
+                    "2000 tokens, 32 concurrent requests, 80%",
+                    "70%; 80%",
+                    "c",
+                    'section "Memory Savings in Production"',
+                ),
+            ),
+            ("08", "11"),
+        ),
+        Claim(
+            "C3",
+            'Radix-tree prefix caching shares "arbitrary substrings", not just '
+            "prefixes",
+            (
+                _q(
+                    "SGLang's RadixAttention (Zheng et al., 2024) generalizes this "
+                    "from prefixes to arbitrary shared substrings using a radix tree.",
+                    "arbitrary substrings",
+                    "e",
+                    'section "Copy-on-Write Prefix Sharing"',
+                ),
+            ),
+            ("08", "11"),
+        ),
+    ]
+}
+
+
+def quote(claim_id: str, index: int = 0) -> str:
+    """A claim's words as its source puts them, with the source, for printing."""
+    q = CLAIMS[claim_id].quotes[index]
+    return f'{claim_id}: "{q.words}" ({q.source.text()})'
+
+
+# book/claims.md -----------------------------------------------------------------
+
+BEGIN, END = "<!-- claims table: begin -->", "<!-- claims table: end -->"
+
+
+#: Chapter 11's section for each claim (M4 and M5 share one).
+AUDIT_LABELS = {c: f"audit-{c.lower()}" for c in CLAIMS} | {"M5": "audit-m4"}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def claims_table() -> str:
+    """The index table of ``book/claims.md``, one row per claim: the statement, each
+    source with its figure, and where it is audited and measured."""
+    lines = [
+        "| # | the claim | as its sources state it | audited in; measured in |",
+        "|---|---|---|---|",
+    ]
+    for c in CLAIMS.values():
+        stated = "<br>".join(f"{q.figure}: {q.source.markdown()}" for q in c.quotes)
+        chapters = [ch for ch in c.chapters if ch != "11"]
+        where = f"{{ref}}`{AUDIT_LABELS[c.id]}`; chapter" + "s" * (len(chapters) > 1)
+        where += " " + ", ".join(chapters)
+        lines.append(f"| {c.id} | {_cell(c.statement)} | {_cell(stated)} | {where} |")
+    return "\n".join(lines)
+
+
+def render_index(page: str) -> str:
+    """``page`` with the text between `BEGIN` and `END` replaced by `claims_table`."""
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(page):
+        raise ValueError(f"the page has no {BEGIN} ... {END} markers")
+    return pattern.sub(lambda _: f"{BEGIN}\n{claims_table()}\n{END}", page)
+
+
+def main(argv: list[str]) -> None:
+    """``python -m pagedkv_lab.claims book/claims.md``: rewrite the page's table."""
+    path = Path(argv[0] if argv else "book/claims.md")
+    path.write_text(render_index(path.read_text()))
+    print(f"wrote the claims table of {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,54 @@
+"""The claims index: one source of truth for each claim's wording and sources."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pagedkv_lab.claims import CLAIMS, EXPLAINERS, PAPERS, quote, render_index
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_claim_of_the_project_list_is_covered():
+    expected = [f"M{i}" for i in range(1, 7)] + [f"S{i}" for i in range(1, 7)]
+    expected += [f"C{i}" for i in range(1, 4)]
+    assert list(CLAIMS) == expected
+
+
+def test_book_claims_page_is_the_generated_table():
+    page = (ROOT / "book" / "claims.md").read_text()
+    assert render_index(page) == page, (
+        "book/claims.md disagrees with pagedkv_lab.claims: run "
+        "`python -m pagedkv_lab.claims book/claims.md`"
+    )
+
+
+def test_every_source_is_a_reference_or_a_known_explainer():
+    bib = (ROOT / "book" / "references.bib").read_text()
+    keys = set(re.findall(r"@\w+\{([^,]+),", bib))
+    for claim in CLAIMS.values():
+        assert claim.quotes, claim.id
+        for q in claim.quotes:
+            assert q.words and q.figure and q.source.where
+            ref = q.source.ref
+            assert ref in EXPLAINERS or (ref in keys and ref in PAPERS), ref
+            assert q.source.text() and q.source.markdown()
+
+
+def test_the_blog_figures_are_cited_by_their_reference():
+    blog = [
+        q
+        for c in CLAIMS.values()
+        for q in c.quotes
+        if q.source.ref == "kwon2023vllmblog"
+    ]
+    figures = " ".join(q.figure for q in blog)
+    assert "60%-80%" in figures and "under 4%" in figures
+
+
+def test_quote_names_the_source():
+    assert quote("M3").startswith('M3: "Memory Waste Breakdown')
+    assert "The Two Types of Fragmentation" in quote("M3")
+    with pytest.raises(KeyError):
+        quote("M9")

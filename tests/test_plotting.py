@@ -1,0 +1,73 @@
+"""The figure helpers chapters 01-03 call, drawn headless, and the experiment
+helpers behind chapter 02's reproduction of the vLLM paper's Figure 2."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from pagedkv_lab import plotting  # noqa: E402
+from pagedkv_lab.contiguous import ContiguousPool  # noqa: E402
+from pagedkv_lab.experiments import (  # noqa: E402
+    PAPER_FIG2,
+    opt13b_pool_slots,
+    paper_kinds,
+    reservation_runs,
+    sigma_sweep,
+)
+from pagedkv_lab.paging import PagedPool  # noqa: E402
+from pagedkv_lab.workloads import chat_workload, simulate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results():
+    reqs = chat_workload(60, seed=0, arrival_rate=1.0)
+    return {
+        "paged": simulate(reqs, PagedPool(256, 16, 2048)),
+        "max": simulate(reqs, ContiguousPool(2 * 2048 + 100, 2048, fit="buddy")),
+    }
+
+
+def test_every_helper_draws_something(results, tmp_path):
+    fig, axes = plt.subplots(3, 3, figsize=(12, 9))
+    ax = iter(axes.flat)
+    states = plotting.usage_stack(next(ax), results["max"], title="max")
+    assert states[0] == "used" and "free" in states
+    plotting.state_legend(fig, states, loc="lower center")
+    rows = [("paper", PAPER_FIG2["max"], None), ("ours", (20, 10, 60, 10), (18, 22))]
+    plotting.split_bars(next(ax), rows, ["a", "b", "c", "d"], plotting.SERIES[:4])
+    plotting.gqa_bars(next(ax), ["x", "y"], [128.0, 512.0], [512.0, 512.0], [4, 1])
+    fit = np.array([[0, 7], [-1, 300]])
+    plotting.capacity_heatmap(next(ax), fit, ["m1", "m2"], ["T4", "L4"])
+    reqs = chat_workload(50, seed=0)
+    plotting.length_histograms([next(ax), next(ax)], {"W1": reqs}, 2048)
+    measured = {"max": ([0.15, 0.2], [0.14, 0.19], [0.16, 0.21])}
+    plotting.sigma_figure(next(ax), [0.4, 0.8], measured, {"max": 0.204}, [0.15, 0.2])
+    plotting.recompute_steps(next(ax), results, [16, 256])
+    plotting.block_size_sweep(
+        next(ax), [8, 16], [0.9, 0.8], [0.05, 0.1], [0, 0.01], [9, 5]
+    )
+    for a in axes.flat:
+        assert a.has_data()
+    fig.savefig(tmp_path / "helpers.png")
+    plt.close(fig)
+
+
+def test_rounding_is_drawn_hatched_in_the_never_used_colour():
+    assert plotting.COLORS["rounding"] == plotting.COLORS["internal"]
+    assert plotting.state_patch("rounding").get_hatch() == plotting.HATCHES["rounding"]
+    assert plotting.state_patch("used").get_hatch() is None
+
+
+def test_paper_pool_and_kinds():
+    assert opt13b_pool_slots() == 15_728  # Table 1's "15.7K"
+    runs = reservation_runs([0], capacity=2 * 2048 + 100, num_requests=40)
+    for policy, (res,) in runs.items():
+        kinds = paper_kinds(res)
+        assert sum(kinds) == pytest.approx(100.0)
+        assert policy != "oracle" or kinds[2] == 0.0  # no internal fragmentation
+    measured, closed = sigma_sweep([0.8], [0], capacity=2 * 2048 + 100)
+    mean, lo, hi = measured["max"]
+    assert lo[0] <= mean[0] <= hi[0] and 0 < closed[0] < 1
