@@ -3,6 +3,7 @@
     python -m pagedkv_lab.bench kernel      # paged vs contiguous decode attention
     python -m pagedkv_lab.bench serve       # our engine vs transformers, one trace, one KV budget
     python -m pagedkv_lab.bench all --out report/   # everything, into a report folder
+    python -m pagedkv_lab.bench nanovllm --model Qwen3-0.6B  # nano-vllm's bench.py, as published
 
 Results are ratios measured in the same process, on the machine at hand, never
 absolute targets. Ratios do not carry from one device to another: paged over
@@ -20,6 +21,8 @@ The package, one module per part, none importing the CLI or the report:
 * `peers`: `transformers`' `generate` and continuous batching, and vLLM;
 * `serve`: `serve_benchmark`, this engine against the peers, and its tables;
 * `report`: the sections of ``bench all`` and the report folder (chapter 10);
+* `nanovllm`: nano-vllm's ``bench.py`` workload against this engine, its
+  floor and transformers' continuous batching;
 * `cli`: ``python -m pagedkv_lab.bench``.
 
 vLLM as a serve peer (optional; never a dependency of this package, never in CI).
