@@ -434,7 +434,8 @@ def test_nanovllm_cli_smoke_writes_its_json(capsys, tmp_path):
     out = tmp_path / "nanovllm.json"
     main(["nanovllm", "--model", "tiny-llama", "--num-requests", "4",
           "--min-len", "4", "--max-input-len", "20", "--max-output-len", "12",
-          "--max-model-len", "64", "--device", "cpu", "--json", str(out)])  # fmt: skip
+          "--max-model-len", "64", "--kv-cache-memory", str(2**20),
+          "--max-num-batched-tokens", "64", "--device", "cpu", "--json", str(out)])  # fmt: skip
     text = capsys.readouterr().out
     assert "Throughput:" in text and "floor-bound:" in text and "hf-continuous:" in text
     r = json.loads(out.read_text())
