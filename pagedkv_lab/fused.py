@@ -584,11 +584,13 @@ class TritonLayerOps(LayerOps):
             or cos.shape != (tokens, head_dim)
             or not (slots.is_contiguous() and slots.device == qkv.device)
         ):
-            return super().rope_and_store(step, layer_idx, qkv, cos, sin, heads, qk_norm)
+            return super().rope_and_store(
+                step, layer_idx, qkv, cos, sin, heads, qk_norm
+            )
         kv_heads = (width - heads) // 2
+        weights, eps = (qkv, 0.0) if qk_norm is None else qk_norm
         _rope_store_kernel[(tokens, heads + kv_heads)](
-            qkv, cos, sin, slots, k_cache, v_cache,
-            qkv if qk_norm is None else qk_norm[0], 0.0 if qk_norm is None else qk_norm[1],
+            qkv, cos, sin, slots, k_cache, v_cache, weights, eps,
             heads, kv_heads, HEAD_DIM=head_dim,
             HALF_PAD=triton.next_power_of_2(head_dim // 2), QK_NORM=qk_norm is not None,
         )  # fmt: skip
@@ -686,9 +688,16 @@ class FusedModelRunner(ModelRunner):
     with the reason, for a model `fused_unsupported_reason` rejects.
     """
 
-    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int = 16,
-                 max_model_len: int | None = None, pack: bool | None = None,
-                 ops: LayerOps | None = None, cpu_linear: bool | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        num_blocks: int,
+        block_size: int = 16,
+        max_model_len: int | None = None,
+        pack: bool | None = None,
+        ops: LayerOps | None = None,
+        cpu_linear: bool | None = None,
+    ):
         super().__init__(model, num_blocks, block_size, max_model_len)
         reason = fused_unsupported_reason(model)
         if reason:
