@@ -401,8 +401,8 @@ def check_model(model: PreTrainedModel, max_model_len: int | None) -> int:
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"model type {config.model_type!r} is not supported; "
-            f"use one of {SUPPORTED_MODEL_TYPES}"
+            f"model type {config.model_type!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     limit = getattr(config, "max_position_embeddings", None)
     max_model_len = max_model_len or limit

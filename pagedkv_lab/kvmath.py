@@ -82,7 +82,7 @@ def cache_nbytes(cache) -> int:
     )
 
 def count_parameters_from_config(config: PretrainedConfig) -> int:
-    """Parameters of a Llama / Mistral / Qwen2 / Qwen3-style decoder, from its config alone.
+    """Parameters of a Llama / Mistral / Qwen-style decoder, from its config alone.
 
     Embedding, then per layer the q, k, v, o projections (plus q/k/v bias for
     Qwen2, and RMSNorms over each q and k head for Qwen3), the gated MLP and two

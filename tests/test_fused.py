@@ -631,3 +631,16 @@ def test_decode_floor_records_the_fused_step_it_runs():
     assert decode_floor.fused_step(ModelRunner(model, 64, BLOCK)) == {
         "runner": "ModelRunner"
     }
+
+
+def test_a_model_whose_weights_were_fused_still_saves_and_reloads(tmp_path):
+    """Its q/k/v and gate/up weights are views of the fused matrices:
+    save_pretrained writes them as the separate tensors a checkpoint holds."""
+    from transformers import AutoModelForCausalLM
+
+    model, _ = load_model("tiny-qwen2")
+    FusedModelRunner(model, 16, BLOCK, pack=False, cpu_linear=False)
+    model.save_pretrained(tmp_path)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path)
+    want, got = model.state_dict(), again.state_dict()
+    assert all(torch.equal(want[k], got[k]) for k in want)
