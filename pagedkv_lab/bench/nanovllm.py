@@ -28,6 +28,7 @@ take the ids modulo their vocabulary; the draw itself is unchanged.
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 
@@ -195,7 +196,8 @@ def nanovllm_benchmark(
     }  # fmt: skip
     budget_tokens = llm.runner.kv_cache.num_blocks * llm.runner.kv_cache.block_size
     block_size = llm.runner.kv_cache.block_size
-    del llm
+    del llm, capture
+    gc.collect()  # the engine's pool and graphs go before the peer loads its model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     if peers:
