@@ -22,7 +22,7 @@ from .kvmath import KVSpec, head_dim_of
 from .paging import BlockTable
 
 ATTENTION_NAME = "pagedkv"
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # Temperatures below this are treated as greedy: dividing logits by a smaller
 # number overflows float32 (vLLM uses the same threshold).
 GREEDY_EPSILON = 1e-5
@@ -107,9 +107,10 @@ def make_generator(
     generator = torch.Generator(device)
     return generator.manual_seed((seed + index * 0x9E3779B97F4A7C15) % 2**63)
 
-class Sequence:
+class SequenceState:
     """One sequence of a request: its tokens, its block table, and how many of
-    its tokens already have K/V in the cache (``num_computed_tokens``)."""
+    its tokens already have K/V in the cache (``num_computed_tokens``).
+    `Sequence` adds what changes it."""
 
     _ids = itertools.count()
 
@@ -121,7 +122,7 @@ class Sequence:
         *,
         sample_index: int = 0,
     ):
-        self.seq_id = next(Sequence._ids)
+        self.seq_id = next(SequenceState._ids)
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = len(token_ids)
         self.params = params
@@ -148,6 +149,10 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
+class Sequence(SequenceState):
+    """One sequence of a request (`SequenceState`), with the two ways it
+    changes: a token appended, and a fork that shares its progress."""
 
     def append_token(
         self, token: int, eos_token_ids, max_model_len: int, logprob: float = 0.0
@@ -288,7 +293,6 @@ def write_kv(
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, k)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, v)
 
-
 def attend(
     step: StepInputs, layer_idx: int, q: torch.Tensor, scale: float | None
 ) -> torch.Tensor:
@@ -397,8 +401,8 @@ def check_model(model: PreTrainedModel, max_model_len: int | None) -> int:
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"model type {config.model_type!r} is not supported; "
-            f"use one of {SUPPORTED_MODEL_TYPES}"
+            f"model type {config.model_type!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     limit = getattr(config, "max_position_embeddings", None)
     max_model_len = max_model_len or limit
@@ -427,7 +431,6 @@ def upload(
     if torch.device(device).type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
-
 
 def pack_step(
     seqs: list[Sequence],
@@ -485,8 +488,9 @@ def pack_step(
         prefill_query_start_loc=fields[9],
     )
 
-class ModelRunner:
-    """Owns the KV cache and runs the model on packed steps with paged attention.
+class StepRunner:
+    """Owns the KV cache and turns each step's sequences into one forward pass
+    (`forward`, which `ModelRunner` and the runners after it define).
 
     Which blocks each sequence uses is decided elsewhere: a `BlockTable` per
     sequence in this chapter, the block manager from chapter 06 on.
@@ -507,8 +511,6 @@ class ModelRunner:
         )
         self.block_size = block_size
         self.workspace: dict = {}
-        # A ready-made 4-D mask makes transformers skip building one.
-        self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
 
     def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]) -> StepInputs:
         """`pack_step` on this runner's device, with its cache and workspace."""
@@ -544,6 +546,15 @@ class ModelRunner:
             blocks = seq.block_table.blocks[first // bs : last // bs + 1]
             shared += [b for b in blocks if ref_counts[b] != 1]
         assert not shared, f"writing into shared or free blocks {shared}"
+
+class ModelRunner(StepRunner):
+    """Runs the model on packed steps with paged attention: its own forward
+    pass, with our attention plugged in."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A ready-made 4-D mask makes transformers skip building one.
+        self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=self.device)
 
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Logits ``[num_seqs, vocab]`` of one step: the model's own forward

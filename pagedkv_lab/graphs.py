@@ -8,10 +8,13 @@ the GPU waits. A CUDA graph records a step's launches once and replays them as
 one: `GraphedModelRunner` captures `FusedModelRunner`'s decode forward pass
 once per batch-size bucket, over input buffers that stay where they are, and
 each decode step copies its inputs into those buffers and replays the graph.
-Prefills and mixed steps run eagerly. vLLM and nano-vllm do the same.
+Prefills and mixed steps run eagerly, as in nano-vllm; vLLM v1 also replays
+those from piecewise graphs (everything but attention).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 from transformers import PreTrainedModel
@@ -28,15 +31,12 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     sizes += range(16, max_num_seqs, 16)
     return sorted({*sizes, max_num_seqs})
 
-
-class DecodeInputs:
+class DecodeBuffers:
     """A decode step's inputs at fixed addresses on the GPU, and their copy on
-    the host, in pinned memory.
+    the host, in pinned memory; all rows padding to begin with.
 
-    `fill` writes a batch into the host copy and uploads it in two copies that
-    do not wait for the GPU; rows past the batch are padding, which write their
-    K/V into a spare block (``scratch_block``, which no sequence owns) and read
-    only that. `step` views the first rows as the `StepInputs` a graph reads.
+    Padding rows write their K/V into a spare block (``scratch_block``, which
+    no sequence owns) and read only that. `DecodeInputs` fills and reads them.
     """
 
     def __init__(self, max_batch: int, max_blocks: int, scratch_block: int,
@@ -62,6 +62,12 @@ class DecodeInputs:
         self.host[2, start:end] = self.scratch_block * self.block_size
         self.host[3, start:end] = 1
         self.host_tables[start:end, 0] = self.scratch_block
+
+class DecodeInputs(DecodeBuffers):
+    """`DecodeBuffers` filled with a batch and read by a graph: `fill` writes a
+    batch into the host copy and uploads it in two copies that do not wait for
+    the GPU; `step` views the first rows as the `StepInputs` a graph reads.
+    """
 
     def fill(self, seqs: list[Sequence], batch: int) -> None:
         """Upload the next token of each of ``seqs`` (whose tables hold its
@@ -99,15 +105,11 @@ class DecodeInputs:
             kv_cache=kv_cache, workspace=workspace,
         )  # fmt: skip
 
-
-class GraphedModelRunner(FusedModelRunner):
-    """`FusedModelRunner` whose decode steps replay CUDA graphs (a CUDA device).
-
-    A step in which every sequence computes one token, and no more sequences
-    than ``max_num_seqs``, replays the graph of the smallest bucket of
-    `graph_batch_sizes` that holds it, captured the first time that bucket is
-    needed; any other step runs `FusedModelRunner`'s forward eagerly. The pool
-    gets one block more than ``num_blocks``, for the padding rows.
+class GraphCapture(FusedModelRunner):
+    """`FusedModelRunner` that records its decode forward pass as CUDA graphs,
+    one per bucket of `graph_batch_sizes` (a CUDA device); `GraphedModelRunner`
+    replays them. The pool gets one block more than ``num_blocks``, for the
+    padding rows. ``capture_seconds`` keeps what each capture took.
     """
 
     def __init__(
@@ -130,9 +132,12 @@ class GraphedModelRunner(FusedModelRunner):
         # batch size -> (graph, its logits); all graphs share one memory pool
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
+        self.capture_seconds: dict[int, float] = {}
 
+    @torch.inference_mode()
     def capture(self, batch: int) -> None:
         """Record the decode forward pass of ``batch`` padding rows."""
+        start = time.perf_counter()
         # padding in every row: the warm-up pass below writes only the spare block
         self.inputs.fill([], batch)
         step = self.inputs.step(batch, self.kv_cache, self.workspace)
@@ -141,8 +146,27 @@ class GraphedModelRunner(FusedModelRunner):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             logits = self.forward(step)
+        torch.cuda.synchronize(self.device)
         self.pool = graph.pool()
         self.graphs[batch] = (graph, logits)
+        self.capture_seconds[batch] = time.perf_counter() - start
+
+    def capture_all(self) -> None:
+        """Capture every bucket now (nano-vllm and vLLM do so when they start),
+        not the first time a batch needs it."""
+        for batch in self.batch_sizes:
+            if batch not in self.graphs:
+                self.capture(batch)
+
+class GraphedModelRunner(GraphCapture):
+    """`FusedModelRunner` whose decode steps replay CUDA graphs (a CUDA device).
+
+    A step in which every sequence computes one token, and no more sequences
+    than ``max_num_seqs``, replays the graph of the smallest bucket of
+    `graph_batch_sizes` that holds it, captured the first time that bucket is
+    needed (or all at once by `capture_all`); any other step runs
+    `FusedModelRunner`'s forward eagerly.
+    """
 
     @torch.inference_mode()
     def run(self, seqs, num_new_tokens, ref_counts=None) -> torch.Tensor:
@@ -157,4 +181,3 @@ class GraphedModelRunner(FusedModelRunner):
         graph, logits = self.graphs[batch]
         graph.replay()
         return logits[: len(seqs)].float()
-

@@ -83,11 +83,12 @@ def cache_nbytes(cache) -> int:
     )
 
 def count_parameters_from_config(config: PretrainedConfig) -> int:
-    """Parameters of a Llama / Mistral / Qwen2-style decoder, from its config alone.
+    """Parameters of a Llama / Mistral / Qwen-style decoder, from its config alone.
 
     Embedding, then per layer the q, k, v, o projections (plus q/k/v bias for
-    Qwen2), the gated MLP and two RMSNorms, then the final norm and the LM head
-    (unless it is tied to the embedding).
+    Qwen2, and RMSNorms over each q and k head for Qwen3), the gated MLP and two
+    RMSNorms, then the final norm and the LM head (unless it is tied to the
+    embedding).
     """
     h, vocab, n = config.hidden_size, config.vocab_size, config.num_hidden_layers
     q = config.num_attention_heads * head_dim_of(config)
@@ -97,6 +98,8 @@ def count_parameters_from_config(config: PretrainedConfig) -> int:
     kv = kv_heads * head_dim_of(config)
     bias = getattr(config, "attention_bias", False) or config.model_type == "qwen2"
     attention = h * q + 2 * h * kv + q * h + (q + 2 * kv if bias else 0)
+    if config.model_type == "qwen3":  # q_norm and k_norm, one head_dim weight each
+        attention += 2 * head_dim_of(config)
     mlp = 3 * h * config.intermediate_size
     lm_head = 0 if config.tie_word_embeddings else vocab * h
     return vocab * h + n * (attention + mlp + 2 * h) + h + lm_head

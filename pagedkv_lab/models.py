@@ -3,7 +3,7 @@
 No model hub is reachable in CI, so the default models are built from configs
 shipped in ``pagedkv_lab/configs`` with seeded random weights, and come with a
 byte-level tokenizer that needs no download. Their text is meaningless; their
-shapes, memory and speed are those of real Llama and Qwen2 models, which is all
+shapes, memory and speed are those of real Llama and Qwen models, which is all
 the course measures. With a network, ``load_model("Qwen/Qwen2.5-0.5B")`` loads a
 real checkpoint through the same function.
 """
@@ -35,6 +35,7 @@ OFFLINE_MODELS: dict[str, str] = {
     "tiny-qwen2": "2-layer Qwen2, q/k/v bias, tied embeddings, GQA 6:1: tests",
     "tiny-mistral": "2-layer Mistral, GQA 8:2, head_dim 8: tests",
     "small-qwen2": "~30M-parameter Qwen2, GQA 8:2, head_dim 64: benchmarks",
+    "tiny-qwen3": "2-layer Qwen3, q/k RMSNorm, head_dim 32 (not hidden/heads), GQA 4:2: tests",
 }
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
@@ -157,9 +158,9 @@ def load_model(
     """Return ``(model, tokenizer)`` in eval mode.
 
     ``name`` is an offline model (``"tiny-llama"``, ``"small-llama"``,
-    ``"tiny-qwen2"``, ``"small-qwen2"``, ``"tiny-mistral"``: seeded random weights, so the same seed
+    ``"tiny-qwen2"``, ``"small-qwen2"``, ``"tiny-qwen3"``, ``"tiny-mistral"``: seeded random weights, so the same seed
     always gives the same model), a real model's shape from
-    ``configs/real_models.json`` (``"Llama-3-8B"``, ``"Qwen2.5-0.5B"``, ...: the
+    ``configs/real_models.json`` (``"Llama-3-8B"``, ``"Qwen3-0.6B"``, ...: the
     checkpoint's architecture with seeded random weights, built on ``device``,
     in `default_dtype` for the device (bf16 on sm_80+, fp16 on older GPUs); vLLM's ``load_format="dummy"``), a Hugging Face
     checkpoint name, which needs a network the first time

@@ -19,20 +19,31 @@ The floor of a decode step is the bytes it must read (every weight but the
 input embedding, which is read one row per sequence, and every sequence's K/V
 at its current length) over the copy bandwidth measured here (a large
 device-to-device copy, bytes read plus written).
+
+For each of our systems ``results.json`` also holds the fused step as it ran:
+``fused_step`` (GEMMs and concatenations per layer of one eager decode step,
+counted by `pagedkv_lab.fused.decode_step_ops`; the layer ops and projections in
+use) and, with graphs, what capturing every bucket cost (``capture_s``,
+``graph_pool_bytes``). ``--layer-ops torch`` runs the small steps in PyTorch
+instead of Triton (the step before the Triton layer ops), to measure them.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from pagedkv_lab import LLM, SamplingParams
+from pagedkv_lab.bench.nanovllm import weight_bytes_per_step  # cpu_w1_floor.py too
+from pagedkv_lab.fused import GEMM_OPS, FusedModelRunner, LayerOps, decode_step_ops
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.models import largest_real_shape, load_model
 from pagedkv_lab.sampling import RequestOutputKind
@@ -54,24 +65,40 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / statistics.median(times[5:])
 
 
-def weight_bytes_per_step(model) -> int:
-    """Bytes of every distinct parameter a decode step reads: all but the input
-    embedding table, unless the output head shares it."""
-    params = {id(p): p for p in model.parameters()}
-    embed = model.get_input_embeddings().weight
-    head = model.get_output_embeddings().weight
-    if embed is not head:
-        params.pop(id(embed))
-    return sum(p.numel() * p.element_size() for p in params.values())
+def fused_step(runner) -> dict:
+    """The fused step as ``runner`` (a `FusedModelRunner`, graphed or not) runs
+    it: one eager decode step counted (`decode_step_ops`, in the runner's own
+    cache before it serves anything), and the layer ops and projections in use."""
+    if not isinstance(runner, FusedModelRunner):
+        return {"runner": type(runner).__name__}
+    eager = SimpleNamespace(kv_cache=runner.kv_cache, block_size=runner.block_size,
+                            run=functools.partial(FusedModelRunner.run, runner))  # fmt: skip
+    counts = decode_step_ops(eager)
+    layers = len(runner.layers)
+    return {"runner": type(runner).__name__, "layer_ops": type(runner.ops).__name__,
+            "projections": type(runner.layers[0].qkv).__name__,
+            "gemms_per_layer": (sum(counts[op] for op in GEMM_OPS) - 1) / layers,
+            "concats_per_layer": (counts["cat"] - 1) / layers}  # fmt: skip
 
 
-def time_ours(model, tokenizer, prompts, new_tokens, kv_bytes, eager) -> dict:
-    """Serve the prompts twice (the first pass compiles kernels and captures
-    graphs); from the second, time every step and keep the pure decode steps
-    that run every sequence."""
+def time_ours(model, tokenizer, prompts, new_tokens, kv_bytes, eager,
+              layer_ops="default") -> dict:  # fmt: skip
+    """Capture every graph bucket (timed), then serve the prompts twice (the
+    first pass compiles kernels); from the second, time every step and keep the
+    pure decode steps that run every sequence."""
     extra = {"enforce_eager": True} if eager else {}
     llm = LLM((model, tokenizer), kv_cache_memory=kv_bytes,
               max_num_seqs=len(prompts), **extra)  # fmt: skip
+    if layer_ops == "torch" and isinstance(llm.runner, FusedModelRunner):
+        llm.runner.ops = LayerOps()  # before any graph is captured
+    info = {"fused_step": fused_step(llm.runner)}
+    if hasattr(llm.runner, "capture_all"):
+        torch.cuda.synchronize()
+        reserved, t0 = torch.cuda.memory_reserved(), time.perf_counter()
+        llm.runner.capture_all()
+        info["capture_s"] = time.perf_counter() - t0
+        info["graph_pool_bytes"] = torch.cuda.memory_reserved() - reserved
+        info["graph_buckets"] = len(llm.runner.graphs)
     # as LLM.generate asks: outputs when a request finishes, not at every step
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True,
                             output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
@@ -93,7 +120,7 @@ def time_ours(model, tokenizer, prompts, new_tokens, kv_bytes, eager) -> dict:
     del llm
     torch.cuda.empty_cache()
     return {"decode_ms": [1e3 * t for t in full], "smaller_batch_ms": [1e3 * t for t in other],
-            "prefill_s": sum(prefill), "tokens": tokens}  # fmt: skip
+            "prefill_s": sum(prefill), "tokens": tokens, **info}  # fmt: skip
 
 
 def time_hf(model, prompts, new_tokens) -> dict:
@@ -118,11 +145,13 @@ def time_hf(model, prompts, new_tokens) -> dict:
             "tokens": out[:, ids.shape[1]:].tolist()}  # fmt: skip
 
 
-def profile_ours(model, tokenizer, prompts, kv_bytes, out: Path) -> None:
+def profile_ours(model, tokenizer, prompts, kv_bytes, out: Path, layer_ops) -> dict:
     """A torch profile of a few decode steps: the top operations by GPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     llm = LLM((model, tokenizer), kv_cache_memory=kv_bytes, max_num_seqs=len(prompts))
+    if layer_ops == "torch" and isinstance(llm.runner, FusedModelRunner):
+        llm.runner.ops = LayerOps()
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for p in prompts:
         llm.add_request(p, params)
@@ -134,12 +163,19 @@ def profile_ours(model, tokenizer, prompts, kv_bytes, out: Path) -> None:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
             llm.step()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
-    cpu = prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
+    events = prof.key_averages()
+    table = events.table(sort_by="cuda_time_total", row_limit=25)
+    cpu = events.table(sort_by="cpu_time_total", row_limit=25)
     (out / "profile.txt").write_text(table + "\n\n" + cpu)
     print(table)
+    # GEMM kernels by name (cuBLAS's nvjet on sm_90, *gemm* elsewhere), one LM head a step
+    gemm = sum(e.count for e in events if e.device_type.name == "CUDA"
+               and ("nvjet" in e.key or "gemm" in e.key.lower()))  # fmt: skip
+    layers = llm.model.config.num_hidden_layers
     del llm
     torch.cuda.empty_cache()
+    return {"steps": 5, "gemm_kernels": gemm,
+            "gemm_kernels_per_layer": (gemm - 5) / (5 * layers)}  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -150,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--systems", nargs="+", default=["pagedkv", "pagedkv-eager", "hf"])
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--layer-ops", choices=["default", "torch"], default="default",
+                    help="default: layer_ops chooses (Triton on a GPU); torch: LayerOps")
     ap.add_argument("--out", default="decode-report")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
@@ -181,7 +219,7 @@ def main(argv=None) -> int:
                    * spec.bytes_per_token) + (64 << 20)  # fmt: skip
     res = {"model": args.model, "dtype": str(model.dtype), "gpu": torch.cuda.get_device_name(),
            "copy_GBps": bw / 1e9, "weight_GB": weights / 1e9, "kv_GB_per_step": kv_read / 1e9,
-           "floor_ms": floor_ms, "systems": {}}  # fmt: skip
+           "floor_ms": floor_ms, "layer_ops": args.layer_ops, "systems": {}}  # fmt: skip
     print(json.dumps({k: v for k, v in res.items() if k != "systems"}, indent=1))
     for name in args.systems:
         t0 = time.perf_counter()
@@ -190,7 +228,7 @@ def main(argv=None) -> int:
                 r = time_hf(model, prompts, args.new_tokens)
             else:
                 r = time_ours(model, tokenizer, prompts, args.new_tokens, kv_bytes,
-                              eager=name.endswith("eager"))  # fmt: skip
+                              eager=name.endswith("eager"), layer_ops=args.layer_ops)  # fmt: skip
         except Exception as err:  # every system runs; the failure is reported
             import traceback
 
@@ -207,7 +245,8 @@ def main(argv=None) -> int:
         res["systems"][name] = r
         print(f"{name}: {time.perf_counter() - t0:.0f} s")
     if args.profile:
-        profile_ours(model, tokenizer, prompts, kv_bytes, out)
+        res["profile"] = profile_ours(model, tokenizer, prompts, kv_bytes, out,
+                                      args.layer_ops)
     ref = res["systems"].get("hf", {}).get("tokens")
     lines = [f"\n{args.model} {res['dtype']}, {args.prompts} x {args.prompt_len} tokens, "
              f"{args.new_tokens} new; floor {floor_ms:.1f} ms/step "
@@ -226,6 +265,17 @@ def main(argv=None) -> int:
             same = f"{sum(got.get(i) == ref[i] for i in range(len(ref)))}/{len(ref)}"
         lines.append(f"{name:16} {ms:9.1f}{spread:>7} {ms / floor_ms:8.2f} "
                      f"{r['prefill_s']:10.2f} {same:>18}")  # fmt: skip
+    for name, r in res["systems"].items():
+        step = r.get("fused_step", {})
+        if "gemms_per_layer" in step:
+            lines.append(f"{name}: {step['gemms_per_layer']:.0f} GEMMs and "
+                         f"{step['concats_per_layer']:.0f} concatenations a layer, "
+                         f"{step['projections']}, {step['layer_ops']}"
+                         + (f"; {r['graph_buckets']} graphs captured in {r['capture_s']:.1f} s, "
+                            f"{r['graph_pool_bytes'] / 2**30:.2f} GiB" if "capture_s" in r else ""))  # fmt: skip
+    if "profile" in res:
+        lines.append(f"profile: {res['profile']['gemm_kernels_per_layer']:.1f} GEMM kernels "
+                     "a layer and step")  # fmt: skip
     for r in res["systems"].values():
         r.pop("tokens", None)
     (out / "results.json").write_text(json.dumps(res, indent=1))

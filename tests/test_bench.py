@@ -500,3 +500,67 @@ def test_kernel_ladder_writes_the_prefill_kernel_target(tmp_path, capsys):
     assert results["prefill_kernel"]["over_causal_sdpa"] > 0
     assert results["prefill_kernel"]["grid"] == [[2, 24], [3, 9]]
     assert "prefill kernel" in (tmp_path / "summary.txt").read_text()
+
+
+def test_nanovllm_workload_is_bench_py_draw_and_gives_the_published_count(capsys):
+    """Drawn as nano-vllm's bench.py draws it, with the module-level random
+    functions and seed(0): the same prompts and output lengths, whose sum is the
+    count of its README's table."""
+    import random
+
+    from pagedkv_lab.bench.nanovllm import NANOVLLM_OUTPUT_TOKENS, nanovllm_workload
+
+    state = random.getstate()
+    try:
+        random.seed(0)
+        want_prompts = [
+            [random.randint(0, 10000) for _ in range(random.randint(100, 1024))]
+            for _ in range(256)
+        ]
+        want_tokens = [random.randint(100, 1024) for _ in range(256)]
+    finally:
+        random.setstate(state)
+    prompts, max_tokens = nanovllm_workload()
+    assert prompts == want_prompts and max_tokens == want_tokens
+    total = sum(max_tokens)
+    print(f"nano-vllm's workload: {len(prompts)} requests, {total:,} output tokens")
+    assert total == NANOVLLM_OUTPUT_TOKENS == 133_966
+    assert all(100 <= len(p) <= 1024 and max(p) <= 10000 for p in prompts)
+    assert "133,966 output tokens" in capsys.readouterr().out
+
+
+def test_nanovllm_cli_smoke_writes_its_json(capsys, tmp_path):
+    import json
+
+    out = tmp_path / "nanovllm.json"
+    main(["nanovllm", "--model", "tiny-llama", "--num-requests", "4",
+          "--min-len", "4", "--max-input-len", "20", "--max-output-len", "12",
+          "--max-model-len", "64", "--kv-cache-memory", str(2**20),
+          "--max-num-batched-tokens", "64", "--device", "cpu", "--json", str(out)])  # fmt: skip
+    text = capsys.readouterr().out
+    assert "Throughput:" in text and "floor-bound:" in text and "hf-continuous:" in text
+    r = json.loads(out.read_text())
+    assert {"model", "dtype", "cpu", "requests", "output_tokens", "seconds", "tok_s",
+            "floor_tok_s", "peers"} <= set(r)  # fmt: skip
+    from pagedkv_lab.bench.nanovllm import nanovllm_workload
+
+    _, max_tokens = nanovllm_workload(4, 20, 12, min_len=4)
+    assert r["model"] == "tiny-llama" and r["requests"] == 4
+    assert r["output_tokens"] == sum(max_tokens)
+    assert r["peers"]["hf-continuous"]["output_tokens"] == sum(max_tokens)
+    # the floor bounds the run from below: more tokens per second than measured
+    assert r["floor_tok_s"] > r["tok_s"] > 0
+
+
+def test_nanovllm_floor_counts_every_step_weights_and_kv(monkeypatch):
+    from pagedkv_lab import LLM
+    from pagedkv_lab.bench.nanovllm import serve_timed
+
+    llm = LLM("tiny-llama", kv_cache_memory=2**20, seed=0)
+    seen = []
+    result = serve_timed(llm, [[1, 5, 6, 7], [1, 9]], [3, 2], 0.6,
+                         lambda kv: seen.append(kv) or 1.0)  # fmt: skip
+    assert result["output_tokens"] == 5 and result["steps"] == len(seen)
+    assert result["floor_seconds"] == len(seen)
+    # the first step computes both prompts (4 + 2 tokens), each later one a token more
+    assert seen[0] == 6 and seen[1] == 8

@@ -3,7 +3,13 @@
 import pytest
 import torch
 from reference import greedy_alone
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from pagedkv_lab.engine import (
     ModelRunner,
@@ -35,6 +41,16 @@ def _synthetic(config_cls, **fields):
     return AutoModelForCausalLM.from_config(config_cls(**base)).eval()
 
 
+def _random_norms(model):
+    """Every RMSNorm weight drawn at random (they start as ones)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+    return model
+
+
 MODELS = {
     "tiny-llama": lambda: load_model("tiny-llama")[0],
     "tiny-qwen2": lambda: load_model("tiny-qwen2")[0],
@@ -50,6 +66,12 @@ MODELS = {
         num_attention_heads=4,
         num_key_value_heads=2,
         tie_word_embeddings=False,
+    ),
+    "tiny-qwen3": lambda: load_model("tiny-qwen3")[0],
+    # head_dim 24 is not 64 / 4; q/k norms with weights that are not ones
+    "qwen3-hd24-norms": lambda: _random_norms(
+        _synthetic(Qwen3Config, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=24, tie_word_embeddings=False)
     ),
 }
 

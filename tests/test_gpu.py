@@ -324,3 +324,85 @@ def test_sampling_on_the_gpu_is_seeded_and_cut():
     top1 = SamplingParams(temperature=1.0, top_k=1, max_tokens=10, ignore_eos=True)
     want = [o.token_ids for o in llm.generate(batch, greedy, use_tqdm=False)]
     assert [o.token_ids for o in llm.generate(batch, top1, use_tqdm=False)] == want
+
+
+# ---- the fused step on the GPU: Triton layer ops compiled, four GEMMs a layer ----
+
+
+@pytest.mark.parametrize("dtype", dtypes())
+def test_triton_layer_ops_compiled_match_torch(dtype):
+    """The three Triton kernels, compiled, against `LayerOps` (PyTorch): the
+    add with RMSNorm, SiLU with the product, Qwen3's q/k norms with RoPE and
+    the cache write. Tolerance relative to the largest output, as above."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from pagedkv_lab.engine import PagedKVCache
+    from pagedkv_lab.fused import LayerOps, TritonLayerOps
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device="cuda").to(dtype)
+
+    def close(got, want):
+        scale = want.float().abs().max().clamp_min(1)
+        assert (got.float() - want.float()).abs().max() <= 2 * TOLERANCE[dtype] * scale
+
+    ref, tri = LayerOps(), TritonLayerOps()
+    x, y = randn(37, 4096), randn(37, 4096)
+    norm = ((0.5 + torch.rand(4096, generator=g, device="cuda")).to(dtype), 1e-6)
+    x_ref, x_tri = x.clone(), x.clone()
+    close(tri.add_rms_norm(x_tri, y, norm), ref.add_rms_norm(x_ref, y, norm))
+    assert torch.equal(x_tri, x_ref)
+    gate_up = 4 * randn(37, 2 * 3000)
+    close(tri.act_mul(gate_up, F.silu), ref.act_mul(gate_up, F.silu))
+    config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=16,
+                             num_key_value_heads=8, head_dim=128)  # fmt: skip
+    qkv = randn(37, 16 + 2 * 8, 128)
+    angles = torch.rand(37, 64, generator=g, device="cuda") * 100
+    cos, sin = (f(torch.cat([angles, angles], -1)).to(dtype) for f in (torch.cos, torch.sin))
+    slots = torch.randperm(8 * 16, generator=g, device="cuda")[:37]
+    for qk_norm in (None, ((0.5 + torch.rand(2, 128, device="cuda")).to(dtype), 1e-6)):
+        results = []
+        for ops in (ref, tri):
+            cache = PagedKVCache(config, 8, 16, dtype, "cuda")
+            step = SimpleNamespace(kv_cache=cache, slot_mapping=slots)
+            q = ops.rope_and_store(step, 0, qkv.clone(), cos, sin, 16, qk_norm)
+            results.append((q, cache.data))
+        close(results[1][0], results[0][0])
+        close(results[1][1], results[0][1])
+
+
+def test_the_fused_step_on_cuda_runs_four_gemms_and_no_concatenation():
+    from pagedkv_lab.fused import GEMM_OPS, TritonLayerOps, decode_step_ops
+
+    model, _ = load_model("tiny-qwen3", device="cuda")
+    runner = FusedModelRunner(model, 64, 16)
+    assert isinstance(runner.ops, TritonLayerOps)
+    counts = decode_step_ops(runner)
+    layers = model.config.num_hidden_layers
+    assert (sum(counts[op] for op in GEMM_OPS) - 1) / layers == 4
+    assert counts["cat"] == 1  # RoPE's cos and sin, once a step
+    for op in ("item", "_local_scalar_dense", "is_nonzero", "nonzero"):
+        assert counts[op] == 0, op
+
+
+def test_graphed_qwen3_captures_every_bucket_and_equals_generate():
+    """Qwen3 (q/k norms in the Triton kernel) graphed, every bucket captured up
+    front, in fp32: the same greedy tokens as transformers."""
+    from pagedkv_lab.graphs import GraphedModelRunner
+
+    reference, _ = load_model("tiny-qwen3", device="cuda")
+    batch = prompts([3, 17, 30, 9, 44, 1, 25], 11)
+    expected = [greedy_alone(reference, p, 12) for p in batch]
+    llm = LLM("tiny-qwen3", device="cuda", dtype=torch.float32,
+              kv_cache_memory=2**24, max_num_seqs=8)  # fmt: skip
+    assert isinstance(llm.runner, GraphedModelRunner)
+    llm.runner.capture_all()
+    assert sorted(llm.runner.graphs) == llm.runner.batch_sizes
+    assert all(s > 0 for s in llm.runner.capture_seconds.values())
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate(batch, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected

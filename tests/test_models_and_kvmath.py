@@ -89,6 +89,7 @@ def test_real_model_numbers():
         "Mistral-7B-v0.1",
         "Qwen2.5-0.5B",
         "Qwen2.5-7B",
+        "Qwen3-0.6B",
     } <= set(configs)
     assert KVSpec.from_config(configs["Llama-2-70B"]).bytes_per_token == 320 * 1024
     assert KVSpec.from_config(configs["Llama-2-7B"]).bytes_for(4096) == 2 * 1024**3
@@ -99,6 +100,7 @@ def test_real_model_numbers():
         ("Llama-3-8B", 8.03),
         ("Qwen2.5-0.5B", 0.49),
         ("Qwen2.5-7B", 7.62),
+        ("Qwen3-0.6B", 0.6),  # "0.6B", 0.44B of them outside the embedding
     ]:
         assert round(count_parameters_from_config(configs[name]) / 1e9, 2) == billions
     assert all(c.source.startswith("https://huggingface.co/") for c in configs.values())
@@ -160,3 +162,18 @@ def test_random_weights_at_a_real_shape_are_seeded_and_take_the_dtype():
     assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight.float())
     logits = a(input_ids=torch.tensor([[1, 5, 9]])).logits
     assert logits.shape == (1, 3, 1024) and logits.isfinite().all()
+
+
+def test_qwen3_shape_has_an_explicit_head_dim_and_head_norms():
+    """Qwen3-0.6B: 16 heads of 128 on a 1,024-wide model (head_dim is not
+    hidden / heads), 8 KV heads, an RMSNorm over each q and k head."""
+    cfg = real_model_configs()["Qwen3-0.6B"]
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim) == (1024, 16, 128)
+    assert KVSpec.from_config(cfg).bytes_per_token == 2 * 28 * 8 * 128 * 2
+    embedding = cfg.vocab_size * cfg.hidden_size
+    assert round((count_parameters_from_config(cfg) - embedding) / 1e9, 2) == 0.44
+    model, _ = load_model("tiny-qwen3")
+    assert model.config.head_dim != model.config.hidden_size // 4
+    norms = sum(p.numel() for n, p in model.named_parameters() if "q_norm" in n or "k_norm" in n)
+    assert norms == 2 * model.config.num_hidden_layers * model.config.head_dim
+    assert count_parameters_from_config(model.config) == count_parameters(model)

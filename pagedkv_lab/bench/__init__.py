@@ -4,6 +4,7 @@
     python -m pagedkv_lab.bench serve       # our engine vs transformers, one trace, one KV budget
     python -m pagedkv_lab.bench online      # our HTTP server vs vllm serve, one client
     python -m pagedkv_lab.bench all --out report/   # everything, into a report folder
+    python -m pagedkv_lab.bench nanovllm --model Qwen3-0.6B  # nano-vllm's bench.py, as published
 
 Results are ratios measured in the same process, on the machine at hand, never
 absolute targets. Ratios do not carry from one device to another, because each
@@ -21,6 +22,8 @@ The package, one module per part, none importing the CLI or the report:
 * `online`: one HTTP client for our server and ``vllm serve`` (``bench online``,
   ``scripts/vllm_client.py``; book/serving.md);
 * `report`: the sections of ``bench all`` and the report folder (chapter 10);
+* `nanovllm`: nano-vllm's ``bench.py`` workload against this engine, its
+  floor and transformers' continuous batching;
 * `cli`: ``python -m pagedkv_lab.bench``.
 
 vLLM as a serve peer (optional; never a dependency of this package, never in CI).

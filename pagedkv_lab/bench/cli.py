@@ -1,4 +1,4 @@
-"""`python -m pagedkv_lab.bench`: the kernel, serve and all commands."""
+"""`python -m pagedkv_lab.bench`: the kernel, serve, nanovllm and all commands."""
 
 from __future__ import annotations
 
@@ -92,6 +92,59 @@ def _add_serve_parser(sub) -> None:
     )
     sp.add_argument("--plot", default=None, help="save the figure to this path")
     sp.add_argument("--device", default=None)
+
+
+def _add_nanovllm_parser(sub) -> None:
+    np_ = sub.add_parser(
+        "nanovllm",
+        help="nano-vllm's bench.py workload, as published (see bench/nanovllm.py)",
+    )
+    np_.add_argument("--model", default="Qwen3-0.6B",
+                     help="Qwen3-0.6B (default) or Qwen2.5-0.5B: random weights at the "
+                     "real shape; any other name load_model takes (small-llama on a CPU)")
+    np_.add_argument("--num-requests", type=int, default=256)
+    np_.add_argument("--max-input-len", type=int, default=1024)
+    np_.add_argument("--max-output-len", type=int, default=1024)
+    np_.add_argument("--min-len", type=int, default=100,
+                     help="the shortest prompt and output drawn (nano-vllm: 100)")
+    np_.add_argument("--temperature", type=float, default=0.6)
+    np_.add_argument("--max-model-len", type=int, default=4096)
+    np_.add_argument("--max-num-seqs", type=int, default=512)
+    np_.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    np_.add_argument("--kv-cache-memory", type=float, default=None,
+                     help="KV budget: bytes, or on a GPU a fraction of its memory "
+                     "(default: 0.9 on a GPU, 256 MiB on a CPU)")
+    np_.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    np_.add_argument("--no-peers", action="store_true",
+                     help="skip transformers' continuous batching")
+    np_.add_argument("--json", default=None, help="write the result to this file")
+    np_.add_argument("--device", default=None)
+    np_.add_argument("--threads", type=int, default=None)  # fmt: skip
+
+
+def _nanovllm_main(args, device: torch.device) -> None:
+    import json
+    from pathlib import Path
+
+    from .nanovllm import nanovllm_benchmark, print_result
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    memory = args.kv_cache_memory
+    if memory is not None and memory > 1:
+        memory = int(memory)
+    result = nanovllm_benchmark(
+        args.model, device, num_requests=args.num_requests,
+        max_input_len=args.max_input_len, max_output_len=args.max_output_len,
+        min_len=args.min_len, temperature=args.temperature,
+        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=memory,
+        enforce_eager=args.enforce_eager, peers=not args.no_peers,
+    )  # fmt: skip
+    print_result(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        print(f"results: {args.json}")
 
 
 def _serve_main(args, device: torch.device) -> None:
@@ -243,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     kp.add_argument("--device", default=None)
     _add_serve_parser(sub)
     add_online_parser(sub)
+    _add_nanovllm_parser(sub)
     ap = sub.add_parser(
         "all", help="every benchmark, written to a report folder (see report.py)"
     )
@@ -293,6 +347,8 @@ def main(argv: list[str] | None = None) -> None:
         _serve_main(args, device)
     elif args.command == "online":
         online_main(args)
+    elif args.command == "nanovllm":
+        _nanovllm_main(args, device)
     elif args.command == "all":
         import sys
 

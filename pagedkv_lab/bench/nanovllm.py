@@ -1,0 +1,252 @@
+"""nano-vllm's benchmark, as published: ``python -m pagedkv_lab.bench nanovllm``.
+
+nano-vllm's ``bench.py`` (github.com/GeeeekExplorer/nano-vllm) draws its
+workload with Python's ``random``: ``seed(0)``; for each of 256 requests a prompt
+of ``randint(100, 1024)`` token ids, each ``randint(0, 10000)`` (both ends
+included); then, for each request, ``max_tokens = randint(100, 1024)``. It
+samples at temperature 0.6, ignores EOS, sets ``max_model_len=4096``, warms up
+with one short request, and divides the output tokens (133,966, the count its
+README's table shows for vLLM and for nano-vllm) by the wall time of one
+``generate`` call over all 256 requests.
+
+Here the same draw runs through this engine with random weights at the real
+checkpoint's shape (``configs/real_models.json``: ``Qwen3-0.6B``,
+``Qwen2.5-0.5B``); the engine's limits follow nano-vllm's defaults where the
+engine has the same knob (``max_num_seqs`` 512, ``max_num_batched_tokens``
+16,384); on a GPU every CUDA graph is captured before the clock starts, as
+nano-vllm captures its graphs when it starts. Beside the throughput the run
+prints the floor it implies: every step must read every weight the step uses
+and each of its sequences' K/V, so the sum over the run's steps of those bytes
+over the copy bandwidth measured in the same run bounds the run's time from
+below (for prefill steps, which are compute-bound, a loose bound). The same
+requests then run through transformers' continuous batching, with the same KV
+budget and sampling and its own default step budget (``--no-peers`` skips it).
+
+Offline models with a vocabulary smaller than the drawn ids (CPU smoke runs)
+take the ids modulo their vocabulary; the draw itself is unchanged.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+
+import torch
+
+#: Output tokens of nano-vllm's workload: the count in its README's table.
+NANOVLLM_OUTPUT_TOKENS = 133_966
+
+
+def nanovllm_workload(
+    num_seqs: int = 256,
+    max_input_len: int = 1024,
+    max_output_len: int = 1024,
+    min_len: int = 100,
+    max_id: int = 10_000,
+    seed: int = 0,
+) -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's draw: ``(prompts, max_tokens)`` as its ``bench.py`` makes
+    them (``random.seed(seed)``, all prompts first, then all output lengths).
+    A private ``random.Random`` draws the same numbers without moving the
+    global stream."""
+    rng = random.Random(seed)
+    prompts = [
+        [rng.randint(0, max_id) for _ in range(rng.randint(min_len, max_input_len))]
+        for _ in range(num_seqs)
+    ]
+    max_tokens = [rng.randint(min_len, max_output_len) for _ in range(num_seqs)]
+    return prompts, max_tokens
+
+
+def weight_bytes_per_step(model) -> int:
+    """Bytes of every distinct parameter a decode step reads: all but the input
+    embedding table (one row per sequence), unless the output head shares it."""
+    params = {id(p): p for p in model.parameters()}
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    if embed is not head:
+        params.pop(id(embed))
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def _positions(model: str) -> int:
+    """The positions the model's config allows (its ``max_position_embeddings``)."""
+    from transformers import AutoConfig
+
+    from ..models import OFFLINE_MODELS, offline_config, real_model_shapes
+
+    if model in OFFLINE_MODELS:
+        config = offline_config(model)
+    else:
+        config = real_model_shapes().get(model) or AutoConfig.from_pretrained(model)
+    return getattr(config, "max_position_embeddings", None) or 2**31
+
+
+def serve_timed(llm, prompts, max_tokens, temperature: float, floor) -> dict:
+    """Serve the requests through ``llm``'s steps; the wall time, the tokens,
+    and the floor: ``floor(kv_tokens)`` seconds summed over the steps, where
+    ``kv_tokens`` is the tokens whose K/V the step's sequences hold after it.
+    The floor's bookkeeping is not in the wall time."""
+    from ..sampling import RequestOutputKind, SamplingParams
+
+    counts, steps, floor_s, bookkeeping = {}, 0, 0.0, 0.0
+    t0 = time.perf_counter()
+    for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
+        params = SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
+        llm.add_request(str(i), prompt, params)
+    while llm.has_unfinished_requests():
+        outputs = llm.step()
+        t1 = time.perf_counter()
+        steps += 1
+        floor_s += floor(sum(s.num_computed_tokens for s in llm.last_plan.seqs))
+        for out in outputs:
+            if out.finished:
+                counts[int(out.request_id)] = len(out.outputs[0].token_ids)
+        bookkeeping += time.perf_counter() - t1
+    seconds = time.perf_counter() - t0 - bookkeeping
+    tokens = sum(counts.values())
+    return {"seconds": seconds, "output_tokens": tokens, "tok_s": tokens / seconds,
+            "steps": steps, "floor_seconds": floor_s,
+            "floor_tok_s": tokens / floor_s}  # fmt: skip
+
+
+def _hf_continuous_peer(setup, temperature: float):
+    """transformers' continuous batching (`bench.peers`), sampling as nano-vllm
+    does: temperature only, no top-k or top-p cut."""
+    from .peers import _HFContinuousRunner
+
+    class Sampled(_HFContinuousRunner):
+        name = "hf-continuous"
+
+        def _start(self) -> None:
+            self._generation.do_sample = temperature > 0
+            if temperature > 0:
+                self._generation.temperature = temperature
+                self._generation.top_k, self._generation.top_p = 0, 1.0
+            super()._start()
+
+    return Sampled(setup)
+
+
+def nanovllm_benchmark(
+    model: str = "Qwen3-0.6B",
+    device: torch.device | None = None,
+    *,
+    num_requests: int = 256,
+    max_input_len: int = 1024,
+    max_output_len: int = 1024,
+    min_len: int = 100,
+    temperature: float = 0.6,
+    max_model_len: int = 4096,
+    max_num_seqs: int = 512,
+    max_num_batched_tokens: int = 16_384,
+    kv_cache_memory: int | float | None = None,
+    enforce_eager: bool = False,
+    peers: bool = True,
+    seed: int = 0,
+) -> dict:
+    """Run nano-vllm's benchmark on ``device``; return the result (see `main`)."""
+    from .. import LLM
+    from ..device import pick_device
+    from ..kvmath import KVSpec
+    from .common import ServeSetup, cpu_model
+    from .report import copy_bandwidth
+
+    device = device or pick_device()
+    max_model_len = min(max_model_len, _positions(model))
+    prompts, max_tokens = nanovllm_workload(
+        num_requests, max_input_len, max_output_len, min_len, seed=seed
+    )
+    t0 = time.perf_counter()
+    llm = LLM(model, device=device, seed=seed, kv_cache_memory=kv_cache_memory,
+              max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+              max_num_batched_tokens=max_num_batched_tokens,
+              enforce_eager=enforce_eager)  # fmt: skip
+    vocab = llm.model.config.vocab_size
+    prompts = [[t % vocab for t in p] for p in prompts]
+    capture = getattr(llm.runner, "capture_all", None)
+    if capture is not None:  # nano-vllm captures its graphs when it starts
+        capture()
+    llm.generate([prompts[0][:16]], use_tqdm=False)  # nano-vllm's warm-up request
+    startup = time.perf_counter() - t0
+    bandwidth = copy_bandwidth(device)
+    weights = weight_bytes_per_step(llm.model)
+    per_token = KVSpec.from_config(llm.model.config, llm.model.dtype).bytes_per_token
+    ours = serve_timed(llm, prompts, max_tokens, temperature,
+                       lambda kv: (weights + kv * per_token) / bandwidth)  # fmt: skip
+    where = (
+        {"gpu": torch.cuda.get_device_name(device)}
+        if device.type == "cuda"
+        else {"cpu": cpu_model()}
+    )
+    result = {
+        "model": model, "dtype": str(llm.model.dtype).removeprefix("torch."), **where,
+        "requests": num_requests, "output_tokens": ours["output_tokens"],
+        "seconds": ours["seconds"], "tok_s": ours["tok_s"],
+        "floor_tok_s": ours["floor_tok_s"], "peers": {},
+        "steps": ours["steps"], "floor_seconds": ours["floor_seconds"],
+        "copy_GBps": bandwidth / 1e9, "weight_GB": weights / 1e9,
+        "startup_s": startup, "runner": type(llm.runner).__name__,
+        "layer_ops": type(getattr(llm.runner, "ops", None)).__name__,
+        "workload": {"max_input_len": max_input_len, "max_output_len": max_output_len,
+                     "min_len": min_len, "temperature": temperature,
+                     "max_model_len": max_model_len, "seed": seed},
+    }  # fmt: skip
+    budget_tokens = llm.runner.kv_cache.num_blocks * llm.runner.kv_cache.block_size
+    block_size = llm.runner.kv_cache.block_size
+    del llm, capture
+    gc.collect()  # the engine's pool and graphs go before the peer loads its model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if peers:
+        result["peers"]["hf-continuous"] = _run_peer(
+            ServeSetup(model, device, max_model_len=max_model_len,
+                       budget_tokens=budget_tokens, block_size=block_size,
+                       max_num_seqs=max_num_seqs, max_num_batched_tokens=None,
+                       threads=torch.get_num_threads()),
+            temperature, prompts, max_tokens,
+        )  # fmt: skip
+    return result
+
+
+def _run_peer(setup, temperature, prompts, max_tokens) -> dict:
+    """transformers' continuous batching on the same requests, KV budget and
+    sequence limit; its step's token budget is its own default (its attention
+    masks grow with that budget times the cache's tokens). A failure is
+    recorded, not raised: the engine's figures stand without the peer."""
+    try:
+        peer = _hf_continuous_peer(setup, temperature)
+    except Exception as err:  # noqa: BLE001 (any failure of the peer is reported)
+        return {"error": repr(err)[:400]}
+    try:
+        peer.run([prompts[0][:16]], [1])  # warm-up
+        run = peer.run(prompts, max_tokens)
+    except Exception as err:  # noqa: BLE001
+        return {"error": repr(err)[:400]}
+    finally:
+        peer.close()
+    tokens = sum(len(t) for t in run["tokens"])
+    return {"seconds": run["seconds"], "output_tokens": tokens,
+            "tok_s": tokens / run["seconds"]}  # fmt: skip
+
+
+def print_result(r: dict) -> None:
+    """The run as nano-vllm prints it, then the floor and the peers."""
+    print(f"{r['model']} ({r['dtype']}, random weights), {r['requests']} requests: "
+          f"Total: {r['output_tokens']}tok, Time: {r['seconds']:.2f}s, "
+          f"Throughput: {r['tok_s']:.2f}tok/s")  # fmt: skip
+    from ..kvmath import format_bytes
+
+    print(f"floor-bound: {r['floor_tok_s']:.2f} tok/s ({r['steps']} steps, each reading "
+          f"{format_bytes(r['weight_GB'] * 1e9)} of weights and its sequences' K/V at "
+          f"{r['copy_GBps']:.1f} GB/s); this engine at "
+          f"{r['tok_s'] / r['floor_tok_s']:.1%} of it")  # fmt: skip
+    for name, p in r["peers"].items():
+        if "error" in p:
+            print(f"{name}: failed: {p['error']}")
+            continue
+        print(f"{name}: {p['output_tokens']} tokens in {p['seconds']:.2f}s, "
+              f"{p['tok_s']:.2f} tok/s; this engine {r['tok_s'] / p['tok_s']:.2f}x "
+              "its throughput")  # fmt: skip
