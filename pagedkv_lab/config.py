@@ -27,7 +27,7 @@ UNSUPPORTED_ARGS: dict[str, str] = {
     "quantization": "weights are served in the model's dtype",
     "kv_cache_dtype": "the KV cache has the model's dtype",
     "enable_lora": "LoRA adapters are out of scope",
-    "trust_remote_code": "Llama, Mistral and Qwen2 are built in; no remote code runs",
+    "trust_remote_code": "Llama, Mistral, Qwen2 and Qwen3 are built in; no remote code runs",
     "kv_cache_memory_bytes": "use kv_cache_memory=<bytes>",
     "num_gpu_blocks_override": "use kv_cache_memory=<bytes> (blocks x bytes per block)",
     "enable_chunked_prefill": "always on: a prompt longer than what is left of "
