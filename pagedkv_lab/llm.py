@@ -12,10 +12,13 @@ stop strings, log-probabilities, streamed outputs), `stats` (counters)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .config import EngineArgs, parse_dtype
 from .device import default_dtype
+from .engine import PendingTokens, Sequence, upload
 from .input_processor import InputProcessor, as_prompt_list
 from .output_processor import (
     OutputProcessor,
@@ -23,9 +26,9 @@ from .output_processor import (
     beam_search_output,
 )
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from .sampling import sample_batch, sample_logprobs
+from .sampling import SampledTokens, SamplingBatch, sample_tokens
 from .sampling_params import RequestOutputKind, SamplingParams
-from .scheduler import SchedulerOutput, SequenceGroup
+from .scheduler import SchedulerOutput, SequenceGroup, accept_tokens, samples_as_rows
 from .stats import EngineStats
 from .tokenizing import IncrementalDetokenizer, chat_prompts, eos_token_ids
 
@@ -50,22 +53,48 @@ __all__ = [
     "parse_dtype",
 ]
 
+@dataclass
+class LaunchedStep:
+    """A step whose forward pass and sampling are queued on the device: what
+    `EngineCore._finish` needs to complete it once its tokens are read.
+
+    ``parts``: the batch-sampled sequences (with their groups, `SampledTokens`
+    and `SamplingBatch`), one part unless a group broke the batch; ``processed``:
+    groups that sampled on the host already (beam search); ``pending``: the
+    tokens for the next step to read on the device; ``waits``: whether the next
+    step needs this one's tokens on the host before it can be planned (a
+    penalty reads them)."""
+
+    plan: SchedulerOutput
+    failed: set[int]
+    parts: list[tuple[list[Sequence], list[SequenceGroup], SampledTokens, SamplingBatch]]
+    processed: list[SequenceGroup]
+    pending: PendingTokens | None
+    waits: bool
+
+    def live(self) -> bool:
+        """Whether any of its sequences is still unfinished."""
+        return any(s.finish_reason is None for s in self.plan.seqs)
+
+
 class EngineForward:
     """A step's forward pass, in which a request that breaks it fails alone.
     A piece of `EngineCore`, which provides ``runner`` and ``block_manager``."""
 
     @torch.inference_mode()
-    def _run_model(self, seqs, num_new_tokens, groups, ref_counts=None):
+    def _run_model(self, seqs, num_new_tokens, groups, ref_counts=None, pending=None):
         """Logits of each sequence's last new token, and the logits of the
         prompt positions of requests that asked for ``prompt_logprobs``."""
         wanted = self._prompt_rows(seqs, num_new_tokens, groups)
         if wanted:
-            return self._prompt_logits(seqs, num_new_tokens, wanted)
-        return self.runner.run(seqs, num_new_tokens, ref_counts), {}
+            return self._prompt_logits(seqs, num_new_tokens, wanted, pending)
+        return self.runner.run(seqs, num_new_tokens, ref_counts, pending), {}
 
-    def _forward(self, plan: SchedulerOutput, failed: list[RequestOutput]):
-        """Logits for the planned sequences (rows of requests that fail are
-        None), and the prompt logits `_run_model` returns, by plan index.
+    def _forward(self, plan: SchedulerOutput, outputs: list, pending):
+        """``(logits, failed, prompt logits)`` for the planned sequences:
+        ``failed`` holds the plan indices of requests that failed (their rows
+        of ``logits`` are zeros), the prompt logits are `_run_model`'s, by plan
+        index.
 
         If the batched forward raises, each request is retried alone, so a
         request that breaks the model fails by itself and the others go on.
@@ -73,138 +102,254 @@ class EngineForward:
         try:
             logits, prompt = self._run_model(
                 plan.seqs, plan.num_new_tokens, plan.groups,
-                self.block_manager.ref_counts,
+                self.block_manager.ref_counts, pending,
             )  # fmt: skip
-            return list(logits), prompt
+            return logits, set(), prompt
         except AssertionError:  # a broken invariant is a bug, not a bad request
             raise
         except Exception:
             pass
-        rows: list[torch.Tensor | None] = [None] * len(plan.seqs)
-        prompt_rows = {}
+        rows, failed, prompt_rows = {}, set(), {}
         for group in dict.fromkeys(plan.groups):
             mine = [i for i, g in enumerate(plan.groups) if g is group]
             try:
                 logits, prompt = self._run_model(
                     [plan.seqs[i] for i in mine],
                     [plan.num_new_tokens[i] for i in mine],
-                    [group] * len(mine),
-                )
+                    [group] * len(mine), None, pending,
+                )  # fmt: skip
             except AssertionError:
                 raise
             except Exception as err:
-                failed.append(self._fail(group, err))
+                outputs.append(self._fail(group, err))
+                failed.update(mine)
                 continue
-            for i, row in zip(mine, logits):
-                rows[i] = row
+            rows.update(zip(mine, logits))
             prompt_rows.update({mine[j]: x for j, x in prompt.items()})
-        return rows, prompt_rows
+        if not rows:
+            return None, failed, {}
+        zeros = torch.zeros_like(next(iter(rows.values())))
+        logits = torch.stack([rows.get(i, zeros) for i in range(len(plan.seqs))])
+        return logits, failed, prompt_rows
 
 class EngineSampling:
     """A token for every sequence whose tokens are all computed, every group of
-    the step in one batch. A piece of `EngineCore`."""
+    the step in one batch, sampled on the device and read later
+    (`SampledTokens`). A piece of `EngineCore`."""
 
-    def _sample(self, plan, rows, sampling, failed) -> list[SequenceGroup]:
-        """Sample a token for every group in ``sampling`` (group: its indices in
-        ``plan``); return the groups that did.
+    def _sample(self, plan, logits, sampling: list[int], outputs: list):
+        """Sample the plan's rows ``sampling``: return the parts sampled in a
+        batch, ``(sequences, groups, tokens, their SamplingBatch)`` (one part
+        unless a group broke the batch: then each group is sampled alone, and
+        one that raises fails alone), and the groups that sampled on the host.
 
-        The groups that allow it (`samples_in_batch`: all but beam search) are
-        sampled in one batch, so on a GPU their tokens come back in one
-        transfer, the step's only wait. A group that raises fails alone: if the
-        batch raises, each of its groups is sampled by itself.
+        A group sampled as rows (`samples_as_rows`) needs nothing else; the
+        others say which sequences sample from which row (chapter 07's
+        parallel sampling forks here) or sample by themselves (beam search).
         """
-        bm, eos, limit = self.block_manager, self.eos_token_ids, self.max_model_len
-        done, batch = [], []
-        for group, idx in sampling.items():
-            seqs = [plan.seqs[i] for i in idx]
-            try:
-                for i, seq in zip(idx, seqs):
-                    seq.num_computed_tokens += plan.num_new_tokens[i]
-                    bm.cache_blocks(seq)
-                if group.samples_in_batch:
-                    seqs, at = group.sampling_rows(seqs, bm)
-                    batch.append((group, seqs, [idx[j] for j in at]))
-                    continue
-                group.process(seqs, torch.stack([rows[i] for i in idx]), eos, limit, bm)
-                done.append(group)
-            except Exception as err:
-                failed.append(self._fail(group, err))
-        if not batch:
-            return done
-        seqs = [s for _, group_seqs, _ in batch for s in group_seqs]
-        logits = torch.stack([rows[i] for _, _, idx in batch for i in idx])
+        groups_of = plan.groups
+        if len(sampling) == len(plan.seqs) and groups_of == self._as_rows:
+            # the groups of the step before, every one sampled as rows
+            return self._sample_batch(logits, plan.seqs, groups_of, outputs), []
+        own = {}  # group -> its rows, for groups that sample their own way
+        for i in sampling:
+            if not samples_as_rows(groups_of[i]):
+                own.setdefault(groups_of[i], []).append(i)
+        rows, seqs, groups, processed = [], [], [], []
+        for i in sampling:
+            group = groups_of[i]
+            if group not in own:
+                rows.append(i)
+                seqs.append(plan.seqs[i])
+                groups.append(group)
+            elif own[group]:  # the group's first row: all its rows at once
+                idx, own[group] = own[group], []
+                if self._sample_own_way(group, idx, plan, logits, (rows, seqs, groups),
+                                        outputs):  # fmt: skip
+                    processed.append(group)
+        if not seqs:
+            return [], processed
+        if not own and len(rows) == len(plan.seqs):
+            self._as_rows = list(groups_of)
+        if rows != list(range(len(plan.seqs))):
+            logits = logits.index_select(0, upload(rows, torch.long, logits.device))
+        return self._sample_batch(logits, seqs, groups, outputs), processed
+
+    def _sample_own_way(self, group, idx, plan, logits, batch, outputs) -> bool:
+        """Add ``group``'s sampling rows to ``batch`` (rows, sequences, groups),
+        or let it sample by itself now (True). A group that raises fails."""
+        rows, seqs, groups = batch
         try:
-            tokens, chosen = sample_batch(logits, seqs, eos)
-            tops = sample_logprobs(logits, seqs, tokens)
+            group_seqs = [plan.seqs[i] for i in idx]
+            if not group.samples_in_batch:
+                eos, limit, bm = self.eos_token_ids, self.max_model_len, self.block_manager
+                group.process(group_seqs, logits[idx], eos, limit, bm)
+                return True
+            group_seqs, at = group.sampling_rows(group_seqs, self.block_manager)
+        except Exception as err:
+            outputs.append(self._fail(group, err))
+            return False
+        rows += [idx[j] for j in at]
+        seqs += group_seqs
+        groups += [group] * len(group_seqs)
+        return False
+
+    def _sample_batch(self, logits, seqs, groups, outputs) -> list:
+        """`sample_tokens` on the whole batch, or, if that raises, on each
+        group's rows alone (a group that raises then fails by itself)."""
+        try:
+            batch = self._sampling_batch(seqs)
+            return [(seqs, groups, sample_tokens(logits, seqs, self.eos_token_ids, batch),
+                     batch)]  # fmt: skip
         except Exception:
-            tokens = None  # some group breaks the batch: sample each alone
-        at = 0
-        for group, group_seqs, _ in batch:
-            mine, at = slice(at, at + len(group_seqs)), at + len(group_seqs)
+            pass
+        parts = []
+        for group in dict.fromkeys(groups):
+            mine = [i for i, g in enumerate(groups) if g is group]
+            group_seqs = [seqs[i] for i in mine]
             try:
-                if tokens is None:
-                    t, c = sample_batch(logits[mine], group_seqs, eos)
-                    top = sample_logprobs(logits[mine], group_seqs, t)
-                else:
-                    t, c, top = tokens[mine], chosen[mine], tops[mine]
-                group.accept(group_seqs, t, c, top, eos, limit)
-                done.append(group)
+                batch = SamplingBatch(group_seqs)
+                rows = logits[mine]
+                sampled = sample_tokens(rows, group_seqs, self.eos_token_ids, batch)
             except Exception as err:
-                failed.append(self._fail(group, err))
-        return done
+                outputs.append(self._fail(group, err))
+                continue
+            parts.append((group_seqs, [group] * len(mine), sampled, batch))
+        return parts
+
+    def _sampling_batch(self, seqs) -> SamplingBatch:
+        """The `SamplingBatch` of ``seqs``: the last step's while the
+        sequences are the same (a run of decode steps), else a new one."""
+        if self._batch is None or not self._batch.matches(seqs):
+            self._batch = SamplingBatch(seqs)
+        return self._batch
 
 class EngineCore(InputProcessor, OutputProcessor, EngineForward, EngineSampling):
-    """vLLM's ``EngineCore``: the step. Schedule; make the plan's block copies;
-    one forward pass; advance every sequence by what it computed; sample where
-    a sequence's tokens are all computed; free what finished."""
+    """vLLM's ``EngineCore``: the step. Schedule; launch the step (block copies,
+    one forward pass, sampling, all queued on the device); finish it (read its
+    tokens, append them, stop and free what finished, build outputs).
+
+    With ``async_scheduling`` a launched step stays in flight: the next `step`
+    schedules and launches step N+1 before it finishes step N, so the host's
+    work for one overlaps the device's for the other (vLLM v1's asynchronous
+    scheduling, SGLang's overlap scheduler)."""
 
     def step(self) -> list[RequestOutput]:
         """One iteration. Returns an output for every request that finished
         and, unless its ``output_kind`` is ``FINAL_ONLY``, for every request that
         produced a token (``finished=False``); also the outputs another
-        caller's `generate` left for you since the last `step`."""
+        caller's `generate` left for you since the last `step`. With
+        ``async_scheduling``, the outputs of the step launched by the previous
+        call."""
         outputs, self._unclaimed = self._unclaimed, []
+        previous, self._inflight = self._inflight, None
+        if previous is not None and previous.waits:
+            outputs += self._finish(previous)  # its tokens are needed to plan
+            previous = None
+        plan = self._schedule(busy=previous is not None)
+        if plan is not None:
+            launched = self._launch(plan, outputs, previous)
+            if self.async_scheduling:
+                self._inflight = launched
+            else:
+                outputs += self._finish(launched)
+        if previous is not None:
+            outputs += self._finish(previous)
+        if self._inflight is not None and not self._inflight.live():
+            outputs += self._finish(self._inflight)  # nothing left to overlap
+            self._inflight = None
+        if plan is not None:
+            self._update_stats()
+        return outputs
+
+    def _schedule(self, busy: bool) -> SchedulerOutput | None:
+        """The scheduler's plan, or None if it has nothing to run; ``busy``: a
+        step is in flight, whose end will free what the plan lacked."""
         plan = self.last_plan = self.scheduler.schedule()
         if not plan.seqs:
-            if self.scheduler.has_unfinished:
+            if self.scheduler.has_unfinished and not busy:
                 raise RuntimeError("nothing could be scheduled although work is left")
-            return outputs
+            return None
         self._record_held_blocks()
+        return plan
+
+    def _launch(self, plan: SchedulerOutput, outputs: list, previous) -> LaunchedStep:
+        """Queue ``plan`` on the device: block copies, the forward pass (the
+        tokens of ``previous``, still on the device, read there), sampling.
+        Every computed sequence advances; those that sampled wait for a token
+        (``num_pending``)."""
+        pending = None if previous is None else previous.pending
         if self.swap_space is not None:  # swap-outs read their blocks first
             self.swap_space.copy_out(self.runner.kv_cache, plan.swap_out)
             self.swap_space.copy_in(self.runner.kv_cache, plan.swap_in)
-        self.runner.kv_cache.copy_blocks(plan.block_copies)
-        rows, prompt_rows = self._forward(plan, outputs)
+        self.runner.copy_blocks(plan.block_copies)
+        logits, failed, prompt_rows = self._forward(plan, outputs, pending)
         if prompt_rows:
-            self._keep_prompt_logprobs(plan, rows, prompt_rows)
-        sampling = self._advance(plan, rows)
-        now = self._now()
-        sampled = self._sample(plan, rows, sampling, outputs)
-        self._postprocess_groups(sampled, now, outputs)
-        outputs += [self._output(g, now) for g in self.scheduler.free_finished()]
-        outputs += self._streamed(sampling, now)
-        self._update_stats()
+            self._keep_prompt_logprobs(plan, failed, prompt_rows)
+        sampling = self._advance(plan, failed)
+        parts, processed = self._sample(plan, logits, sampling, outputs)
+        seqs = [s for part in parts for s in part[0]]
+        for seq in seqs:
+            seq.num_pending += 1
+        pending = None
+        if self.async_scheduling and seqs:
+            tokens = [part[2].tokens for part in parts]
+            pending = PendingTokens(
+                tokens[0] if len(tokens) == 1 else torch.cat(tokens),
+                {s.seq_id: row for row, s in enumerate(seqs)},
+            )
+        waits = any(part[3].penalised for part in parts)
+        return LaunchedStep(plan, failed, parts, processed, pending, waits)
+
+    def _advance(self, plan: SchedulerOutput, failed: set[int]) -> list[int]:
+        """Advance each sequence by the tokens the forward pass computed for it;
+        return the plan indices of those whose tokens are now all computed:
+        they sample. A chunk of a longer prompt only advances."""
+        sampling, computed = [], 0
+        for i, (seq, n) in enumerate(zip(plan.seqs, plan.num_new_tokens)):
+            if i in failed:
+                continue
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                self._mark_scheduled(plan.groups[i], seq)
+            seq.num_computed_tokens += n
+            computed += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                sampling.append(i)
+        self.stats.tokens_computed += computed
+        return sampling
+
+    def _finish(self, launched: LaunchedStep) -> list[RequestOutput]:
+        """Read the step's tokens (its one transfer) and append them; register
+        the blocks it filled (chapter 08); text, stop strings, finished
+        requests freed; the outputs."""
+        now, outputs, ended = self._now(), [], list(launched.processed)
+        sampled = list(launched.processed)
+        for seqs, groups, tokens, batch in launched.parts:
+            ended += self._accept(seqs, groups, tokens.read(), batch)
+            sampled += groups
+        plan, failed, cache = launched.plan, launched.failed, self.block_manager.cache_blocks
+        for i, seq in enumerate(plan.seqs):
+            if seq.block_table is not None and i not in failed:
+                cache(seq)
+        sampled = [g for g in dict.fromkeys(sampled) if g.request_id in self._requests]
+        ended += self._postprocess_groups(sampled, now, outputs)
+        ended = [g for g in ended if g.request_id in self._requests]
+        outputs += [self._output(g, now) for g in self.scheduler.free_finished(ended)]
+        outputs += self._streamed(sampled, now)
         return outputs
 
-    def _advance(self, plan: SchedulerOutput, rows) -> dict[SequenceGroup, list[int]]:
-        """Advance each sequence by the tokens the forward pass computed for it,
-        unless they end it: those sequences sample (returned: group -> their
-        indices in ``plan``), and advance with their token. A chunk of a longer
-        prompt only advances."""
-        sampling: dict[SequenceGroup, list[int]] = {}
-        for i, (seq, group, n) in enumerate(
-            zip(plan.seqs, plan.groups, plan.num_new_tokens)
-        ):
-            if rows[i] is None:  # its request failed in this forward pass
-                continue
-            self.stats.tokens_computed += n
-            self._mark_scheduled(group, seq)
-            if seq.num_computed_tokens + n < seq.num_tokens:
-                seq.num_computed_tokens += n
-                self.block_manager.cache_blocks(seq)
-            else:
-                sampling.setdefault(group, []).append(i)
-        return sampling
+    def _accept(self, seqs, groups, read, batch) -> list[SequenceGroup]:
+        """Append the tokens ``read`` (`SampledTokens.read`) to their sequences
+        (`accept_tokens`), and the top log-probabilities to the requests that
+        asked; return the groups in which a sequence stopped."""
+        tokens, logprobs, tops = read
+        for i in batch.logprobs:
+            if seqs[i].finish_reason is None:
+                groups[i].logprobs.setdefault(seqs[i].seq_id, []).append(tops[i])
+        stop_ids, limits = batch.stop_rules(self.eos_token_ids, self.max_model_len)
+        stopped = accept_tokens(seqs, tokens, logprobs, stop_ids, limits,
+                                self.eos_token_ids, self.max_model_len)  # fmt: skip
+        return [groups[i] for i in stopped]
 
     def _record_held_blocks(self) -> None:
         self.stats.record_held_blocks(self.scheduler, self.block_manager)
@@ -220,7 +365,8 @@ class LLMEngine(EngineCore):
     def has_unfinished_requests(self) -> bool:
         """Whether `step` has more to return (requests in flight, or outputs
         another caller's `generate` finished for you)."""
-        return bool(self._unclaimed) or self.scheduler.has_unfinished
+        inflight = self._inflight is not None and self._inflight.live()
+        return bool(self._unclaimed) or self.scheduler.has_unfinished or inflight
 
     def abort(self, request_id: int | str) -> RequestOutput | None:
         """Stop a request now and free its blocks; returns its output so far
@@ -296,6 +442,10 @@ class LLM(LLMEngine):
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.stats = EngineStats(num_blocks, args.block_size)
         self.last_plan: SchedulerOutput | None = None  # the latest step's plan
+        self.async_scheduling = args.use_async_scheduling(self.runner, self.block_manager)
+        self._inflight: LaunchedStep | None = None  # the step launched, not finished
+        self._batch: SamplingBatch | None = None  # the last step's, for the next
+        self._as_rows: list[SequenceGroup] = []  # its groups, if all sampled as rows
         self._init_requests()
 
     def get_tokenizer(self):
