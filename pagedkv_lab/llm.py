@@ -239,16 +239,21 @@ class EngineCore(InputProcessor, OutputProcessor, EngineForward, EngineSampling)
         and, unless its ``output_kind`` is ``FINAL_ONLY``, for every request that
         produced a token (``finished=False``); also the outputs another
         caller's `generate` left for you since the last `step`. With
-        ``async_scheduling``, the outputs of the step launched by the previous
-        call."""
+        ``async_scheduling``, a step is always in flight after the call: the
+        outputs are those of the step launched before it (the first call
+        launches two)."""
         outputs, self._unclaimed = self._unclaimed, []
         previous, self._inflight = self._inflight, None
+        launches = 0
+        if previous is None and self.async_scheduling:  # launch one to run ahead of
+            previous = self._launch_next(outputs, None)
+            launches += previous is not None
         if previous is not None and previous.waits:
             outputs += self._finish(previous)  # its tokens are needed to plan
             previous = None
-        plan = self._schedule(busy=previous is not None)
-        if plan is not None:
-            launched = self._launch(plan, outputs, previous)
+        launched = self._launch_next(outputs, previous)
+        if launched is not None:
+            launches += 1
             if self.async_scheduling:
                 self._inflight = launched
             else:
@@ -258,9 +263,15 @@ class EngineCore(InputProcessor, OutputProcessor, EngineForward, EngineSampling)
         if self._inflight is not None and not self._inflight.live():
             outputs += self._finish(self._inflight)  # nothing left to overlap
             self._inflight = None
-        if plan is not None:
+        for _ in range(launches):
             self._update_stats()
         return outputs
+
+    def _launch_next(self, outputs: list, previous) -> LaunchedStep | None:
+        """Plan the next step and launch it (None: nothing to run); a step in
+        flight (``previous``) is its predecessor."""
+        plan = self._schedule(busy=previous is not None)
+        return None if plan is None else self._launch(plan, outputs, previous)
 
     def _schedule(self, busy: bool) -> SchedulerOutput | None:
         """The scheduler's plan, or None if it has nothing to run; ``busy``: a
