@@ -442,7 +442,35 @@ def upload(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tens
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 
-class BlockTableRows:
+class TableRows:
+    """The rows of `BlockTableRows`: one per sequence it serves, in a NumPy
+    array as wide as the longest table; a row freed when its sequence leaves
+    is given to the next, and when every row is taken the array doubles."""
+
+    def __init__(self, max_blocks: int, rows: int = 64):
+        self.array = np.full((rows, max(1, max_blocks)), -1, dtype=np.int64)
+        self.lists: list[list[int] | None] = [None] * rows  # what each row copied
+        self.lengths = np.zeros(rows, dtype=np.int64)  # how many blocks of it
+        self.row_of: dict[int, int] = {}  # seq_id -> its row
+        self.free_rows = list(range(rows - 1, -1, -1))
+
+    def _new_row(self, seq: Sequence, seqs: list[Sequence]) -> int:
+        """A row for ``seq``; ``seqs`` are the step's sequences, whose rows stay."""
+        if not self.free_rows:  # free the rows of sequences not in this step
+            keep = {s.seq_id for s in seqs}
+            for seq_id in [i for i in self.row_of if i not in keep]:
+                self.free_rows.append(self.row_of.pop(seq_id))
+        if not self.free_rows:  # all in this step: twice the rows
+            n = len(self.lists)
+            self.array = np.concatenate([self.array, np.full_like(self.array, -1)])
+            self.lists += [None] * n
+            self.lengths = np.concatenate([self.lengths, np.zeros(n, np.int64)])
+            self.free_rows = list(range(2 * n - 1, n - 1, -1))
+        row = self.row_of[seq.seq_id] = self.free_rows.pop()
+        self.lists[row] = None
+        return row
+
+class BlockTableRows(TableRows):
     """Block tables as rows of one NumPy array, kept from step to step so that
     a step copies into a row only what changed: for a decoding sequence, one
     block every ``block_size`` steps (vLLM's model runner keeps its block
@@ -454,13 +482,6 @@ class BlockTableRows:
     chapter 07) cannot be seen that way: `invalidate` makes every row copy its
     table again, and the runner calls it whenever blocks are copied.
     """
-
-    def __init__(self, max_blocks: int, rows: int = 64):
-        self.array = np.full((rows, max(1, max_blocks)), -1, dtype=np.int64)
-        self.lists: list[list[int] | None] = [None] * rows
-        self.lengths = np.zeros(rows, dtype=np.int64)
-        self.row_of: dict[int, int] = {}  # seq_id -> its row
-        self.free_rows = list(range(rows - 1, -1, -1))
 
     def invalidate(self) -> None:
         self.lists = [None] * len(self.lists)
@@ -484,25 +505,13 @@ class BlockTableRows:
     def _copy(self, row: int, blocks: list[int]) -> None:
         """Make ``row`` hold ``blocks``: only the new ones if it held their start."""
         old, new = int(self.lengths[row]), len(blocks)
+        if new > self.array.shape[1]:  # longer than any table so far: widen
+            pad = np.full((len(self.array), new - self.array.shape[1]), -1, np.int64)
+            self.array = np.concatenate([self.array, pad], axis=1)
         start = old if self.lists[row] is blocks and new > old else 0
         self.array[row, start:new] = blocks[start:]
         self.array[row, new:old] = -1
         self.lists[row], self.lengths[row] = blocks, new
-
-    def _new_row(self, seq: Sequence, seqs: list[Sequence]) -> int:
-        if not self.free_rows:  # free the rows of sequences not in this step
-            keep = {s.seq_id for s in seqs}
-            for seq_id in [i for i in self.row_of if i not in keep]:
-                self.free_rows.append(self.row_of.pop(seq_id))
-        if not self.free_rows:  # all in this step: twice the rows
-            n = len(self.lists)
-            self.array = np.concatenate([self.array, np.full_like(self.array, -1)])
-            self.lists += [None] * n
-            self.lengths = np.concatenate([self.lengths, np.zeros(n, np.int64)])
-            self.free_rows = list(range(2 * n - 1, n - 1, -1))
-        row = self.row_of[seq.seq_id] = self.free_rows.pop()
-        self.lists[row] = None
-        return row
 
 @dataclass
 class PendingTokens:
@@ -590,10 +599,14 @@ def pack_arrays(seqs, num_new_tokens, block_size, tables=None, pending=None) -> 
 
 def upload_step(arrays: dict, device, pending=None) -> StepInputs:
     """`pack_arrays`' fields as the tensors of a `StepInputs` on ``device``, all
-    in one copy; the stand-ins of ``pending`` replaced there."""
-    flat = upload(np.concatenate([a.ravel() for a in arrays.values()]), torch.long, device)
-    fields = dict(zip(arrays, flat.split([a.size for a in arrays.values()])))
-    fields["block_tables"] = fields["block_tables"].view(arrays["block_tables"].shape)
+    in one copy (on a CPU, none: the tensors share the arrays' memory); the
+    stand-ins of ``pending`` replaced there."""
+    if torch.device(device).type == "cpu":
+        fields = {name: torch.from_numpy(a) for name, a in arrays.items()}
+    else:
+        flat = upload(np.concatenate([a.ravel() for a in arrays.values()]), torch.long, device)
+        fields = dict(zip(arrays, flat.split([a.size for a in arrays.values()])))
+        fields["block_tables"] = fields["block_tables"].view(arrays["block_tables"].shape)
     fields["block_tables"] = fields["block_tables"].to(torch.int32)
     if pending is not None:
         fields["input_ids"] = pending.resolve(fields["input_ids"])
@@ -661,13 +674,8 @@ class StepRunner:
         return step
 
     @torch.inference_mode()
-    def run(
-        self,
-        seqs: list[Sequence],
-        num_new_tokens: list[int],
-        ref_counts: list[int] | None = None,
-        pending: PendingTokens | None = None,
-    ) -> torch.Tensor:
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int], ref_counts=None,
+            pending: PendingTokens | None = None) -> torch.Tensor:  # fmt: skip
         """One forward pass; fp32 logits of each sequence's last new token.
 
         Returns ``[num_seqs, vocab]``. The sequences are not changed: the caller

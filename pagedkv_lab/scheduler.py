@@ -160,8 +160,11 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Every sequence computes its one last token (then all of them sample).
+    decode_only: bool = False
 
     def add(self, seq: Sequence, num_new_tokens: int, group: SequenceGroup) -> None:
+        self.decode_only = False
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)
         self.groups.append(group)
@@ -282,6 +285,7 @@ class Growth:
         if not self.block_manager.append_decode_slots(seqs):
             return False
         out.seqs, out.groups, out.num_new_tokens = seqs, list(running), [1] * len(seqs)
+        out.decode_only = True
         return True
 
     def preempt(self, group: SequenceGroup) -> None:
