@@ -10,6 +10,10 @@ key, with section, figure or table), or one of the circulating explanations by
 its own title and section (the explanations are not linked: they are cited by
 title, as the course's list of them does).
 
+`TRAPS` does the same for five mistakes in code that explains paged attention:
+each with the places the explanations print it (their code, quoted), rendered
+as the page's second table.
+
 Verdicts are not kept here: they follow from measurements, which the chapters
 make.
 """
@@ -362,9 +366,15 @@ CLAIMS: dict[str, Claim] = {
                     'section "When to Swap vs Recompute"',
                 ),
                 _q(
-                    "recomputation is more efficient when the block size is small, "
-                    "while swapping is more efficient when the block size is large",
-                    "comparable for blocks of 16-64",
+                    "Our results reveal that swapping incurs excessive overhead with "
+                    "small block sizes. ... Thus, recomputation is more efficient when "
+                    "the block size is small, while swapping is more efficient when the "
+                    "block size is large, though recomputation overhead is never higher "
+                    "than 20% of swapping’s latency. For medium block sizes from 16 to "
+                    "64, the two methods exhibit comparable end-to-end performance.",
+                    "swap slower with small blocks, faster with large ones; recompute's "
+                    "overhead never over 20% of swap's latency; comparable end to end "
+                    "for blocks of 16-64 (OPT-13B, ShareGPT)",
                     _VLLM,
                     "§7.3 and Fig. 19",
                 ),
@@ -428,6 +438,107 @@ CLAIMS: dict[str, Claim] = {
 }
 
 
+@dataclass(frozen=True)
+class Trap:
+    """A mistake that code explaining paged attention makes: what it does, the
+    chapter that shows it failing, and each place we found it in the circulating
+    explanations (a `Quote` whose words are the code as printed there, whose
+    figure says what the code does). No quote: none of them has it."""
+
+    id: str
+    statement: str
+    chapter: str
+    quotes: tuple[Quote, ...]
+
+    def sources_text(self) -> str:
+        if not self.quotes:
+            return "in none of the circulating explanations the course answers"
+        return "; ".join(q.source.text() for q in self.quotes)
+
+
+TRAPS: dict[str, Trap] = {
+    t.id: t
+    for t in [
+        Trap(
+            "T1",
+            "softmax computed inside each block and the blocks' outputs summed or "
+            "averaged, instead of merged with a running maximum and normaliser",
+            "04",
+            (),
+        ),
+        Trap(
+            "T2",
+            "a prefix-cache key made from a block's own tokens (or its tokens and "
+            "position), though the block's K/V depend on every earlier token",
+            "08",
+            (
+                _q(
+                    "h = hash_block(token_block)",
+                    "the key hashes the block's own tokens",
+                    "a",
+                    'section "prefix caching falls out naturally"',
+                ),
+                _q(
+                    'data = f"{token_ids}:{block_position}".encode()',
+                    "the key hashes the block's tokens and its position",
+                    "c",
+                    'section "Hash-Based Prefix Deduplication"',
+                ),
+            ),
+        ),
+        Trap(
+            "T3",
+            "a block registered in the prefix cache before its K/V are written",
+            "08",
+            (
+                _q(
+                    "self.prefix_cache[h] = phys  # will be populated during prefill",
+                    "registered when allocated, filled later",
+                    "a",
+                    'section "prefix caching falls out naturally"',
+                ),
+                _q(
+                    "self.cache[h] = block_id ... return block_id, False  # Cache miss "
+                    "- must compute KV",
+                    "registered on a miss, before its K/V are computed",
+                    "c",
+                    'section "Hash-Based Prefix Deduplication"',
+                ),
+            ),
+        ),
+        Trap(
+            "T4",
+            "'LRU' eviction that walks a dictionary in insertion order, which is "
+            "first-in-first-out",
+            "08",
+            (
+                _q(
+                    "# Evict least-recently-used cached block ... for h, block_id in "
+                    "list(self.cache.items()):",
+                    "its LRU eviction takes the first free block in insertion order",
+                    "c",
+                    'section "Hash-Based Prefix Deduplication"',
+                ),
+            ),
+        ),
+        Trap(
+            "T5",
+            "a reference count that defaults to 1 for blocks it has never seen, "
+            "which turns a double free into two owners of one block",
+            "07",
+            (
+                _q(
+                    "self.ref_counts: Dict[int, int] = defaultdict(lambda: 1)",
+                    "an unseen block counts as held once",
+                    "c",
+                    'section "How Copy-on-Write Works"',
+                ),
+            ),
+        ),
+    ]
+}
+
+
 def quote(claim_id: str, index: int = 0) -> str:
     """A claim's words as its source puts them, with the source, for printing."""
     q = CLAIMS[claim_id].quotes[index]
@@ -437,6 +548,8 @@ def quote(claim_id: str, index: int = 0) -> str:
 # book/claims.md -----------------------------------------------------------------
 
 BEGIN, END = "<!-- claims table: begin -->", "<!-- claims table: end -->"
+TRAPS_BEGIN = "<!-- traps table: begin -->"
+TRAPS_END = "<!-- traps table: end -->"
 
 
 #: Chapter 11's section for each claim (M4 and M5 share one).
@@ -463,19 +576,43 @@ def claims_table() -> str:
     return "\n".join(lines)
 
 
-def render_index(page: str) -> str:
-    """``page`` with the text between `BEGIN` and `END` replaced by `claims_table`."""
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+def traps_table() -> str:
+    """The traps table of ``book/claims.md``: each mistake, where the circulating
+    explanations print it (their code, what it does, the explanation and section),
+    and the chapter that shows it failing."""
+    lines = [
+        "| # | the mistake | where it appears: the code as printed there | shown in |",
+        "|---|---|---|---|",
+    ]
+    for t in TRAPS.values():
+        seen = "<br>".join(
+            f"`{q.words}` ({q.figure}): {q.source.markdown()}" for q in t.quotes
+        )
+        seen = seen or "none of the circulating explanations the course answers"
+        shown = f"{{ref}}`audit-traps`; chapter {t.chapter}"
+        lines.append(f"| {t.id} | {_cell(t.statement)} | {_cell(seen)} | {shown} |")
+    return "\n".join(lines)
+
+
+def _replace(page: str, begin: str, end: str, table: str) -> str:
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     if not pattern.search(page):
-        raise ValueError(f"the page has no {BEGIN} ... {END} markers")
-    return pattern.sub(lambda _: f"{BEGIN}\n{claims_table()}\n{END}", page)
+        raise ValueError(f"the page has no {begin} ... {end} markers")
+    return pattern.sub(lambda _: f"{begin}\n{table}\n{end}", page)
+
+
+def render_index(page: str) -> str:
+    """``page`` with the text between `BEGIN` and `END` replaced by `claims_table`,
+    and between `TRAPS_BEGIN` and `TRAPS_END` by `traps_table`."""
+    page = _replace(page, BEGIN, END, claims_table())
+    return _replace(page, TRAPS_BEGIN, TRAPS_END, traps_table())
 
 
 def main(argv: list[str]) -> None:
-    """``python -m pagedkv_lab.claims book/claims.md``: rewrite the page's table."""
+    """``python -m pagedkv_lab.claims book/claims.md``: rewrite the page's tables."""
     path = Path(argv[0] if argv else "book/claims.md")
     path.write_text(render_index(path.read_text()))
-    print(f"wrote the claims table of {path}")
+    print(f"wrote the claims and traps tables of {path}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import torch
 from .engine import SamplingParams, make_generator
 from .groups import BeamSearchParams
 from .llm import LLM
+from .workloads import SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT
 
 
 def prompts_for(lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -140,6 +141,12 @@ def sigma_sweep(
 
 
 # Chapter 07: sharing ---------------------------------------------------------------
+
+#: Mean prompt and output lengths of the vLLM paper's Alpaca trace, from §6.1: "the
+#: ShareGPT dataset has 8.4x longer input prompts and 5.8x longer outputs on average
+#: than the Alpaca dataset", applied to ShareGPT's means (Fig. 11(a), `workloads`).
+ALPACA_MEAN_PROMPT = SHAREGPT_MEAN_PROMPT / 8.4
+ALPACA_MEAN_OUTPUT = SHAREGPT_MEAN_OUTPUT / 5.8
 
 
 def sharing_saving(
@@ -593,8 +600,9 @@ def recompute_and_swap_seconds(
 
 def pressure_run(model, prompts, params, **llm_settings) -> dict:
     """Serve ``prompts`` with ``params`` through an `LLM` built with
-    ``llm_settings``; return every counter of preemption, the latency
-    percentiles and the generated tokens."""
+    ``llm_settings``; return every counter of preemption (with the recomputed
+    tokens per generated token, the work a comparison of throughputs must show
+    beside them), the latency percentiles and the generated tokens."""
     llm = LLM(model, **llm_settings)
     llm.eos_token_ids = frozenset()
     t0 = time.perf_counter()
@@ -604,16 +612,19 @@ def pressure_run(model, prompts, params, **llm_settings) -> dict:
     ttft = torch.tensor([o.metrics.time_to_first_token for o in outs])
     tpot = torch.tensor([o.metrics.time_per_output_token for o in outs])
     space = llm.swap_space
+    generated = sum(len(o.token_ids) for o in outs)
     return {
         "steps": s.steps,
         "preemptions": sched.num_preemptions,
         "swap_outs": getattr(sched, "num_swap_outs", 0),
         "fallbacks": getattr(sched, "num_recompute_fallbacks", 0),
         "recomputed": sched.num_recomputed_tokens,
+        "generated": generated,
+        "recomputed_per_token": sched.num_recomputed_tokens / max(1, generated),
         "tokens_computed": s.tokens_computed,
         "bytes_swapped": space.bytes_moved if space is not None else 0,
         "seconds": seconds,
-        "output_tok_per_s": sum(len(o.token_ids) for o in outs) / seconds,
+        "output_tok_per_s": generated / seconds,
         "ttft_p50": float(ttft.quantile(0.5)),
         "ttft_p99": float(ttft.quantile(0.99)),
         "tpot_p50": float(tpot.quantile(0.5)),

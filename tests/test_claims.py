@@ -52,3 +52,15 @@ def test_quote_names_the_source():
     assert "The Two Types of Fragmentation" in quote("M3")
     with pytest.raises(KeyError):
         quote("M9")
+
+
+def test_traps_cite_the_explanations_that_print_them():
+    from pagedkv_lab.claims import TRAPS
+
+    assert list(TRAPS) == [f"T{i}" for i in range(1, 6)]
+    for trap in TRAPS.values():
+        assert trap.statement and trap.chapter in {"04", "07", "08"}
+        for q in trap.quotes:
+            assert q.words and q.figure and q.source.is_explainer, trap.id
+        assert trap.sources_text()
+    assert not TRAPS["T1"].quotes  # none of the five explanations has it

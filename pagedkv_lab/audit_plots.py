@@ -1,0 +1,65 @@
+"""The figure of chapter 11's claims audit: each claim's figure against what was
+measured, a dot coloured by the verdict. Drawing only; the rows and verdicts come
+from the chapter's records."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+from .plotting import SERIES, use_style
+
+#: The verdicts, in the order the chapter lists them, and one colour each.
+VERDICT_COLORS = {
+    "holds": SERIES[2],
+    "holds only when": SERIES[4],
+    "wrong": SERIES[1],
+    "misattributed": SERIES[3],
+    "needs a GPU": SERIES[0],
+    "unmeasured": "#999999",
+}
+
+
+def _claimed(ax, y: int, lo: float, hi: float) -> None:
+    """The claimed figure: a grey band for a range, a tick for one value."""
+    if hi > lo:
+        ax.plot([lo, hi], [y, y], color="#BBBBBB", lw=8, solid_capstyle="butt")
+    else:
+        ax.plot([lo], [y], marker="|", color="#888888", ms=16, mew=3)
+
+
+def plot_claims(shares, multiples, verdict_of, *, title: str, multiple_label: str):
+    """Two panels, shares (%) above and multiples (log scale) below. A row is
+    ``(label, claim id, (claimed low, claimed high), measured)``; ``measured``
+    may be None (nothing measured: the claimed figure alone is drawn).
+    ``verdict_of`` maps a claim id to its verdict, which colours the dot."""
+    use_style()
+    fig, axes = plt.subplots(
+        2, 1, figsize=(8, 6.2), gridspec_kw={"height_ratios": [len(shares), len(multiples)]}
+    )
+    for ax, rows in ((axes[0], shares), (axes[1], multiples)):
+        for y, (_, cid, (lo, hi), value) in enumerate(rows):
+            _claimed(ax, y, lo, hi)
+            if value is not None:
+                ax.plot([value], [y], "o", color=VERDICT_COLORS[verdict_of[cid]], ms=8)
+        ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+        ax.invert_yaxis()
+    axes[0].set_xlim(0, 100)
+    axes[0].set_xlabel("share (%)")
+    axes[1].set_xscale("log")
+    axes[1].xaxis.set_major_locator(FixedLocator([1, 2, 3, 5, 10, 20, 40]))
+    axes[1].xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
+    axes[1].xaxis.set_minor_formatter(NullFormatter())
+    axes[1].set_xlabel(multiple_label)
+    shown = {verdict_of[r[1]] for r in [*shares, *multiples] if r[3] is not None}
+    handles = [Line2D([], [], color="#BBBBBB", lw=6, label="claimed")]
+    handles += [
+        Line2D([], [], marker="o", ls="", color=color, label=kind)
+        for kind, color in VERDICT_COLORS.items()
+        if kind in shown
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    return fig

@@ -1,0 +1,46 @@
+"""Chapter 11's helpers: the audit figure and the measurements it reads."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+
+from pagedkv_lab.audit_plots import VERDICT_COLORS, plot_claims  # noqa: E402
+from pagedkv_lab.experiments import (  # noqa: E402
+    ALPACA_MEAN_OUTPUT,
+    ALPACA_MEAN_PROMPT,
+    pressure_run,
+    prompts_for,
+)
+
+
+def test_plot_claims_draws_claims_and_measurements_and_skips_none():
+    shares = [("a share", "M1", (20, 38), 18.4), ("a point", "M2", (96, 96), 97.0)]
+    multiples = [("a multiple", "M6", (3, 4), 4.3), ("not measured", "S2", (2, 4), None)]
+    verdicts = {"M1": "misattributed", "M2": "holds", "M6": "holds only when",
+                "S2": "needs a GPU"}  # fmt: skip
+    fig = plot_claims(shares, multiples, verdicts, title="t", multiple_label="x")
+    dots = [line for ax in fig.axes for line in ax.lines if line.get_marker() == "o"]
+    assert len(dots) == 3  # the None row draws its claim only
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert labels == {"claimed", "misattributed", "holds", "holds only when"}
+    assert set(verdicts.values()) <= set(VERDICT_COLORS)
+    plt.close(fig)
+
+
+def test_alpaca_means_follow_the_papers_ratios():
+    # §6.1: ShareGPT's prompts 8.4x longer and outputs 5.8x longer than Alpaca's
+    assert round(ALPACA_MEAN_PROMPT, 1) == 19.2
+    assert round(ALPACA_MEAN_OUTPUT, 1) == 58.3
+
+
+def test_pressure_run_reports_recompute_per_generated_token():
+    from pagedkv_lab.engine import SamplingParams
+
+    prompts = prompts_for([40, 30, 50, 20])
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)] * 4
+    r = pressure_run("tiny-llama", prompts, params, block_size=8,
+                     kv_cache_memory=24 * 8 * 512, max_model_len=128)  # fmt: skip
+    assert r["generated"] == sum(len(t) for t in r["tokens"]) == 160
+    assert r["recomputed_per_token"] == r["recomputed"] / r["generated"]
