@@ -129,7 +129,6 @@ class DecodeSlots(SlotAppender):
             self.append_slots(seq, 1)
         return True
 
-
 class BlockSpaceManager(DecodeSlots):
     """Owns the pool of KV blocks and every sequence's table; no sharing yet.
 

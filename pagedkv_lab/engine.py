@@ -442,6 +442,54 @@ def upload(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tens
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 
+def check_room(seqs, first: np.ndarray, counts: np.ndarray, slots: np.ndarray) -> None:
+    """Raise ValueError unless every sequence has ``counts[i] >= 1`` tokens to
+    compute from ``first[i]`` and ``slots[i]`` slots in its table for them."""
+    total = np.array([s.num_tokens for s in seqs], dtype=np.int64)
+    last = first + counts
+    bad = np.flatnonzero((counts < 1) | (last > total) | (slots < last))
+    if len(bad):
+        i = bad[0]
+        raise ValueError(
+            f"sequence {seqs[i].seq_id}: cannot compute tokens {first[i]}..{last[i]} "
+            f"(it has {total[i]} tokens, {slots[i]} slots)"
+        )
+
+def pack_arrays(seqs, num_new_tokens, block_size, tables=None, pending=None) -> dict:
+    """A step's integers on the host, one NumPy array per field of `StepInputs`.
+
+    For every new token: its id, its position and its slot (its block's number
+    times ``block_size``, plus the position within the block); for every
+    sequence: its table, its length after the step, where its tokens sit in
+    the row. ``tables`` keeps the block tables from step to step (a
+    `BlockTableRows`; by default, one for this step only); ``pending`` holds the
+    tokens of the step in flight (chapter 06).
+    """
+    n = len(seqs)
+    counts = np.array(num_new_tokens, dtype=np.int64)
+    first = np.array([s.num_computed_tokens for s in seqs], dtype=np.int64)
+    rows = tables if tables is not None else BlockTableRows(0, n)
+    table, held = rows.gather(seqs)
+    check_room(seqs, first, counts, held * block_size)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    owner = np.repeat(np.arange(n), counts)  # each token's sequence
+    pos = np.arange(starts[-1]) - starts[owner] + first[owner]
+    prefill = np.flatnonzero(counts != 1)
+    ids = new_token_ids(seqs, first.tolist(), num_new_tokens, pending)
+    return {
+        "input_ids": np.array(ids, dtype=np.int64),
+        "positions": pos,
+        "slot_mapping": table[owner, pos // block_size] * block_size + pos % block_size,
+        "block_tables": table,
+        "context_lens": first + counts,
+        "query_start_loc": starts,
+        "logits_index": starts[1:] - 1,
+        "decode_seqs": np.flatnonzero(counts == 1),
+        "prefill_seqs": prefill,
+        "prefill_rows": np.flatnonzero(counts[owner] != 1),
+        "prefill_query_start_loc": np.concatenate(([0], np.cumsum(counts[prefill]))),
+    }
+
 class TableRows:
     """The rows of `BlockTableRows`: one per sequence it serves, in a NumPy
     array as wide as the longest table; a row freed when its sequence leaves
@@ -548,55 +596,6 @@ def new_token_ids(seqs, first: list[int], counts: list[int], pending) -> list[in
             ids.append(pending.placeholder(seq))
     return ids
 
-
-def check_room(seqs, first: np.ndarray, counts: np.ndarray, slots: np.ndarray) -> None:
-    """Raise ValueError unless every sequence has ``counts[i] >= 1`` tokens to
-    compute from ``first[i]`` and ``slots[i]`` slots in its table for them."""
-    total = np.array([s.num_tokens for s in seqs], dtype=np.int64)
-    last = first + counts
-    bad = np.flatnonzero((counts < 1) | (last > total) | (slots < last))
-    if len(bad):
-        i = bad[0]
-        raise ValueError(
-            f"sequence {seqs[i].seq_id}: cannot compute tokens {first[i]}..{last[i]} "
-            f"(it has {total[i]} tokens, {slots[i]} slots)"
-        )
-
-def pack_arrays(seqs, num_new_tokens, block_size, tables=None, pending=None) -> dict:
-    """A step's integers on the host, one NumPy array per field of `StepInputs`.
-
-    For every new token: its id, its position and its slot (its block's number
-    times ``block_size``, plus the position within the block); for every
-    sequence: its table, its length after the step, where its tokens sit in
-    the row. ``tables`` keeps the block tables from step to step (a
-    `BlockTableRows`; by default, one for this step only); ``pending`` holds the
-    tokens of the step in flight (chapter 06).
-    """
-    n = len(seqs)
-    counts = np.array(num_new_tokens, dtype=np.int64)
-    first = np.array([s.num_computed_tokens for s in seqs], dtype=np.int64)
-    rows = tables if tables is not None else BlockTableRows(0, n)
-    table, held = rows.gather(seqs)
-    check_room(seqs, first, counts, held * block_size)
-    starts = np.concatenate(([0], np.cumsum(counts)))
-    owner = np.repeat(np.arange(n), counts)  # each token's sequence
-    pos = np.arange(starts[-1]) - starts[owner] + first[owner]
-    prefill = np.flatnonzero(counts != 1)
-    ids = new_token_ids(seqs, first.tolist(), num_new_tokens, pending)
-    return {
-        "input_ids": np.array(ids, dtype=np.int64),
-        "positions": pos,
-        "slot_mapping": table[owner, pos // block_size] * block_size + pos % block_size,
-        "block_tables": table,
-        "context_lens": first + counts,
-        "query_start_loc": starts,
-        "logits_index": starts[1:] - 1,
-        "decode_seqs": np.flatnonzero(counts == 1),
-        "prefill_seqs": prefill,
-        "prefill_rows": np.flatnonzero(counts[owner] != 1),
-        "prefill_query_start_loc": np.concatenate(([0], np.cumsum(counts[prefill]))),
-    }
-
 def upload_step(arrays: dict, device, pending=None) -> StepInputs:
     """`pack_arrays`' fields as the tensors of a `StepInputs` on ``device``, all
     in one copy (on a CPU, none: the tensors share the arrays' memory); the
@@ -630,13 +629,8 @@ class StepRunner:
     sequence in this chapter, the block manager from chapter 06 on.
     """
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        num_blocks: int,
-        block_size: int = 16,
-        max_model_len: int | None = None,
-    ):
+    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int = 16,
+                 max_model_len: int | None = None):  # fmt: skip
         self.max_model_len = check_model(model, max_model_len)
         self.model = model
         self.device = next(model.parameters()).device

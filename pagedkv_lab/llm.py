@@ -198,6 +198,9 @@ class EngineSampling(BatchSampling):
             logits = logits.index_select(0, upload(rows, torch.long, logits.device))
         return self._sample_batch(logits, seqs, groups, outputs), processed
 
+class OwnWaySampling:
+    """Groups that sample their own way (chapter 07). A piece of `EngineCore`."""
+
     def _sample_own_way(self, group, idx, plan, logits, batch, outputs) -> bool:
         """Add ``group``'s sampling rows to ``batch`` (rows, sequences, groups),
         or let it sample by itself now (True). A group that raises fails."""
@@ -239,7 +242,6 @@ class LaunchedStep:
     def live(self) -> bool:
         """Whether any of its sequences is still unfinished."""
         return any(s.finish_reason is None for s in self.plan.seqs)
-
 
 class StepLaunch:
     """Launching a planned step: block copies, the forward pass, every
@@ -333,8 +335,34 @@ class StepFinish:
                                 self.eos_token_ids, self.max_model_len)  # fmt: skip
         return [groups[i] for i in stopped]
 
+class StepPlanning:
+    """Planning the next step and launching it. A piece of `EngineCore`."""
+
+    def _launch_next(self, outputs: list, previous) -> LaunchedStep | None:
+        """Plan the next step and launch it (None: nothing to run); a step in
+        flight (``previous``) is its predecessor."""
+        plan = self._schedule(busy=previous is not None)
+        return None if plan is None else self._launch(plan, outputs, previous)
+
+    def _schedule(self, busy: bool) -> SchedulerOutput | None:
+        """The scheduler's plan, or None if it has nothing to run; ``busy``: a
+        step is in flight, whose end will free what the plan lacked."""
+        plan = self.last_plan = self.scheduler.schedule()
+        if not plan.seqs:
+            if self.scheduler.has_unfinished and not busy:
+                raise RuntimeError("nothing could be scheduled although work is left")
+            return None
+        self._record_held_blocks()
+        return plan
+
+    def _record_held_blocks(self) -> None:
+        self.stats.record_held_blocks(self.scheduler, self.block_manager)
+
+    def _update_stats(self) -> None:
+        self.stats.record_step(self.scheduler, self.block_manager)
+
 class EngineCore(InputProcessor, OutputProcessor, EngineForward, EngineSampling,
-                 StepLaunch, StepFinish):
+                 OwnWaySampling, StepPlanning, StepLaunch, StepFinish):  # fmt: skip
     """vLLM's ``EngineCore``: the step. Schedule; launch the step (block copies,
     one forward pass, sampling, all queued on the device); finish it (read its
     tokens, append them, stop and free what finished, build outputs).
@@ -377,29 +405,6 @@ class EngineCore(InputProcessor, OutputProcessor, EngineForward, EngineSampling,
             self._update_stats()
         return outputs
 
-    def _launch_next(self, outputs: list, previous) -> LaunchedStep | None:
-        """Plan the next step and launch it (None: nothing to run); a step in
-        flight (``previous``) is its predecessor."""
-        plan = self._schedule(busy=previous is not None)
-        return None if plan is None else self._launch(plan, outputs, previous)
-
-    def _schedule(self, busy: bool) -> SchedulerOutput | None:
-        """The scheduler's plan, or None if it has nothing to run; ``busy``: a
-        step is in flight, whose end will free what the plan lacked."""
-        plan = self.last_plan = self.scheduler.schedule()
-        if not plan.seqs:
-            if self.scheduler.has_unfinished and not busy:
-                raise RuntimeError("nothing could be scheduled although work is left")
-            return None
-        self._record_held_blocks()
-        return plan
-
-    def _record_held_blocks(self) -> None:
-        self.stats.record_held_blocks(self.scheduler, self.block_manager)
-
-    def _update_stats(self) -> None:
-        self.stats.record_step(self.scheduler, self.block_manager)
-
 class LLMEngine(EngineCore):
     """vLLM's ``LLMEngine``: `add_request`, then `step` until nothing is left;
     `abort_request` stops requests. A failure inside a step ends the request
@@ -433,10 +438,9 @@ class LLMEngine(EngineCore):
         one `BeamSearchOutput` per prompt, its sequences best first."""
         from pagedkv_lab.groups import BeamSearchGroup
 
-        groups = [
-            (BeamSearchGroup(next(self._request_ids), t, p, self._now()), text)
-            for t, p, text in self._check_batch(prompts, params, beams=True)
-        ]
+        checked = self._check_batch(prompts, params, beams=True)
+        groups = [(BeamSearchGroup(next(self._request_ids), t, p, self._now()), text)
+                  for t, p, text in checked]  # fmt: skip
         ids = [self._enqueue(group, text) for group, text in groups]
         return [beam_search_output(out) for out in self._run(ids, use_tqdm)]
 

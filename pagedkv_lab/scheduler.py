@@ -92,7 +92,6 @@ def samples_as_rows(group) -> bool:
         type(group).sampling_rows is GroupSampling.sampling_rows
     )
 
-
 class SequenceGroup(GroupSampling):
     """A request: the sequences generated from one prompt.
 
@@ -174,16 +173,9 @@ class SchedulerQueues:
     a request's blocks when it is preempted, removed or finished.
     ``reserve_tokens``: admit with blocks for that many tokens (chapter 02)."""
 
-    def __init__(
-        self,
-        block_manager,
-        *,
-        max_model_len: int,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 4096,
-        watermark: float = 0.01,
-        reserve_tokens: int = 0,
-    ):
+    def __init__(self, block_manager, *, max_model_len: int, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 4096, watermark: float = 0.01,
+                 reserve_tokens: int = 0):  # fmt: skip
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -268,26 +260,6 @@ class Growth:
                 i += 1
         return budget
 
-    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> bool:
-        """The usual step, decided at once: every running request is one
-        sequence with one token to compute, and the free blocks suffice for all
-        (so the loop above would preempt nobody and give each its slot in
-        turn). False, and nothing changed, otherwise."""
-        running = self.running
-        if not running or len(running) > budget:
-            return False
-        seqs = [g.seqs[0] for g in running if len(g.seqs) == 1]
-        if len(seqs) < len(running) or [
-            s for s in seqs
-            if s.finish_reason is not None or s.num_tokens - s.num_computed_tokens != 1
-        ]:  # fmt: skip
-            return False
-        if not self.block_manager.append_decode_slots(seqs):
-            return False
-        out.seqs, out.groups, out.num_new_tokens = seqs, list(running), [1] * len(seqs)
-        out.decode_only = True
-        return True
-
     def preempt(self, group: SequenceGroup) -> None:
         """Free ``group``'s blocks and put it back at the head of the queue; its
         sequences keep their tokens, whose K/V will be recomputed."""
@@ -331,7 +303,30 @@ class Admission:
             budget -= n
         return budget
 
-class Scheduler(Growth, Admission, SchedulerQueues):
+class DecodeGrowth:
+    """`Growth`'s usual step, decided at once (a piece of `Scheduler`)."""
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> bool:
+        """The usual step, decided at once: every running request is one
+        sequence with one token to compute, and the free blocks suffice for all
+        (so the loop above would preempt nobody and give each its slot in
+        turn). False, and nothing changed, otherwise."""
+        running = self.running
+        if not running or len(running) > budget:
+            return False
+        seqs = [g.seqs[0] for g in running if len(g.seqs) == 1]
+        if len(seqs) < len(running) or [
+            s for s in seqs
+            if s.finish_reason is not None or s.num_tokens - s.num_computed_tokens != 1
+        ]:  # fmt: skip
+            return False
+        if not self.block_manager.append_decode_slots(seqs):
+            return False
+        out.seqs, out.groups, out.num_new_tokens = seqs, list(running), [1] * len(seqs)
+        out.decode_only = True
+        return True
+
+class Scheduler(Growth, DecodeGrowth, Admission, SchedulerQueues):
     """Decides each step who computes how many tokens.
 
     Running requests get slots for their next tokens first, in queue order;
