@@ -539,12 +539,14 @@ class BlockTableRows(TableRows):
         and the number of blocks of each."""
         rows = [self.row_of.get(s.seq_id) for s in seqs]
         if None in rows:
-            rows = [self._new_row(s, seqs) if r is None else r for s, r in zip(seqs, rows)]
+            rows = [self._new_row(s, seqs) if r is None else r
+                    for s, r in zip(seqs, rows)]  # fmt: skip
         lists = [[] if s.block_table is None else s.block_table.blocks for s in seqs]
         held = np.fromiter(map(len, lists), np.int64, len(lists))
         index = np.array(rows, dtype=np.int64)
         moved = set(np.flatnonzero(held != self.lengths[index]).tolist())
-        moved.update(i for i, (r, b) in enumerate(zip(rows, lists)) if self.lists[r] is not b)
+        moved.update(i for i, (r, b) in enumerate(zip(rows, lists))
+                     if self.lists[r] is not b)  # fmt: skip
         for i in moved:
             self._copy(rows[i], lists[i])
         width = max(1, int(held.max(initial=0)))
@@ -603,9 +605,11 @@ def upload_step(arrays: dict, device, pending=None) -> StepInputs:
     if torch.device(device).type == "cpu":
         fields = {name: torch.from_numpy(a) for name, a in arrays.items()}
     else:
-        flat = upload(np.concatenate([a.ravel() for a in arrays.values()]), torch.long, device)
+        flat = np.concatenate([a.ravel() for a in arrays.values()])
+        flat = upload(flat, torch.long, device)
         fields = dict(zip(arrays, flat.split([a.size for a in arrays.values()])))
-        fields["block_tables"] = fields["block_tables"].view(arrays["block_tables"].shape)
+        shape = arrays["block_tables"].shape
+        fields["block_tables"] = fields["block_tables"].view(shape)
     fields["block_tables"] = fields["block_tables"].to(torch.int32)
     if pending is not None:
         fields["input_ids"] = pending.resolve(fields["input_ids"])
@@ -652,14 +656,16 @@ class StepRunner:
         """`pack_arrays` with this runner's tables. With ``ref_counts`` (the
         block manager's, chapter 07), first check that no slot written belongs
         to a block another sequence also reads (or to a free one)."""
-        arrays = pack_arrays(seqs, num_new_tokens, self.block_size, self.tables, pending)
+        bs = self.block_size
+        arrays = pack_arrays(seqs, num_new_tokens, bs, self.tables, pending)
         if ref_counts is not None:
             written = (arrays["slot_mapping"] // self.block_size).tolist()
             shared = sorted({b for b in written if ref_counts[b] != 1})
             assert not shared, f"writing into shared or free blocks {shared}"
         return arrays
 
-    def prepare(self, seqs, num_new_tokens, ref_counts=None, pending=None) -> StepInputs:
+    def prepare(self, seqs, num_new_tokens, ref_counts=None,
+                pending=None) -> StepInputs:  # fmt: skip
         """The step's `StepInputs` on this runner's device (`pack`, then
         `upload_step`), with its cache and workspace."""
         arrays = self.pack(seqs, num_new_tokens, ref_counts, pending)

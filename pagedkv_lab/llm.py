@@ -31,30 +31,23 @@ from .output_processor import (
 from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from .sampling import SampledTokens, SamplingBatch, sample_tokens
 from .sampling_params import RequestOutputKind, SamplingParams
-from .scheduler import SchedulerOutput, SequenceGroup, accept_tokens, samples_as_rows
+from .scheduler import (
+    SchedulerOutput,
+    SequenceGroup,
+    accept_tokens,
+    samples_as_rows,
+)
 from .stats import EngineStats
 from .tokenizing import IncrementalDetokenizer, chat_prompts, eos_token_ids
 
 __all__ = [
-    "LLM",
-    "LLMEngine",
-    "EngineCore",
+    "LLM", "LLMEngine", "EngineCore",
     # defined beside this module, imported here for the engine's users
-    "CompletionOutput",
-    "EngineArgs",
-    "EngineStats",
-    "IncrementalDetokenizer",
-    "Logprob",
-    "RequestMetrics",
-    "RequestOutput",
-    "RequestOutputKind",
-    "RequestState",
-    "SamplingParams",
-    "as_prompt_list",
-    "default_dtype",
-    "eos_token_ids",
-    "parse_dtype",
-]
+    "CompletionOutput", "EngineArgs", "EngineStats", "IncrementalDetokenizer",
+    "Logprob", "RequestMetrics", "RequestOutput", "RequestOutputKind",
+    "RequestState", "SamplingParams", "as_prompt_list", "default_dtype",
+    "eos_token_ids", "parse_dtype",
+]  # fmt: skip
 
 class EngineForward:
     """A step's forward pass, in which a request that breaks it fails alone.
@@ -208,8 +201,8 @@ class OwnWaySampling:
         try:
             group_seqs = [plan.seqs[i] for i in idx]
             if not group.samples_in_batch:
-                eos, limit, bm = self.eos_token_ids, self.max_model_len, self.block_manager
-                group.process(group_seqs, logits[idx], eos, limit, bm)
+                eos, limit = self.eos_token_ids, self.max_model_len
+                group.process(group_seqs, logits[idx], eos, limit, self.block_manager)
                 return True
             group_seqs, at = group.sampling_rows(group_seqs, self.block_manager)
         except Exception as err:
@@ -310,7 +303,8 @@ class StepFinish:
         for part in launched.parts:
             ended += self._accept(part)
             sampled += part.groups
-        plan, failed, cache = launched.plan, launched.failed, self.block_manager.cache_blocks
+        plan, failed = launched.plan, launched.failed
+        cache = self.block_manager.cache_blocks
         for i, seq in enumerate(plan.seqs):
             if seq.block_table is not None and i not in failed:
                 cache(seq)
@@ -482,14 +476,14 @@ class LLM(LLMEngine):
         self.model, self.tokenizer = args.load(model, tokenizer, default_dtype)
         num_blocks, self.max_model_len = args.pool(self.model)
         self.runner = args.build_runner(self.model, num_blocks, self.max_model_len)
-        self.block_manager = args.build_block_manager(num_blocks)
+        self.block_manager = bm = args.build_block_manager(num_blocks)
         self.scheduler, self.swap_space = args.build_scheduler(
             self.block_manager, self.runner.kv_cache, self.max_model_len
         )
         self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.stats = EngineStats(num_blocks, args.block_size)
         self.last_plan: SchedulerOutput | None = None  # the latest step's plan
-        self.async_scheduling = args.use_async_scheduling(self.runner, self.block_manager)
+        self.async_scheduling = args.use_async_scheduling(self.runner, bm)
         self._inflight: LaunchedStep | None = None  # the step launched, not finished
         self._batch: SamplingBatch | None = None  # the last step's, for the next
         self._as_rows: list[SequenceGroup] = []  # its groups, if all sampled as rows

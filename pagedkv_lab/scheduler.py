@@ -59,8 +59,9 @@ def accept_tokens(seqs, tokens, logprobs, stop_ids: set, limits: list[int],
                   eos_token_ids, max_model_len: int) -> list[int]:  # fmt: skip
     """`GroupSampling.accept` for a whole step: each sequence receives the token
     it was waiting for (sampled on the device, counted in ``num_pending``); the
-    indices of those that stop are returned. A sequence that ended meanwhile (aborted, or
-    stopped one step before: chapter 06's asynchronous scheduling) is skipped.
+    indices of those that stop are returned. A sequence that ended meanwhile
+    (aborted, or stopped one step before: chapter 06's asynchronous scheduling)
+    is skipped.
 
     Stop conditions are checked only where one may apply: the token is one of
     ``stop_ids`` (EOS, stop tokens) or the sequence reached its limit in
@@ -73,7 +74,8 @@ def accept_tokens(seqs, tokens, logprobs, stop_ids: set, limits: list[int],
             seq.num_pending -= 1
             seq.cumulative_logprob += logprob
     maybe = [i for i, (s, t, n) in enumerate(zip(seqs, tokens, limits))
-             if (t in stop_ids or len(s.token_ids) >= n) and s.finish_reason is None]  # fmt: skip
+             if (t in stop_ids or len(s.token_ids) >= n)
+             and s.finish_reason is None]  # fmt: skip
     stopped = []
     for i in maybe:
         seqs[i].check_stop(tokens[i], eos_token_ids, max_model_len)
