@@ -220,10 +220,9 @@ class LaunchedStep:
 
     ``parts``: the `SampledRows` of its batch (one unless a group broke the
     batch); ``processed``: groups that sampled on the host already (beam
-    search); ``pending``: the
-    tokens for the next step to read on the device; ``waits``: whether the next
-    step needs this one's tokens on the host before it can be planned (a
-    penalty reads them)."""
+    search); ``pending``: the tokens for the next step to read on the device;
+    ``waits``: whether the next step needs this one's tokens on the host
+    before it can be planned (a penalty reads them)."""
 
     plan: SchedulerOutput
     failed: set[int]
