@@ -93,7 +93,43 @@ class SlotAppender(BlockOwner):
         last = seq.num_computed_tokens + num_new_tokens
         seq.block_table.num_tokens = max(seq.block_table.num_tokens, last)
 
-class BlockSpaceManager(SlotAppender):
+class DecodeSlots(SlotAppender):
+    """`append_decode_slots`: `append_slots` for a whole decode step at once."""
+
+    def append_decode_slots(self, seqs: list[Sequence]) -> bool:
+        """`append_slots(seq, 1)` for every one of ``seqs`` if the free blocks
+        allow all of them; otherwise False, and nothing changes.
+
+        A decode step asks this of hundreds of sequences, every step, so the
+        usual cases are answered cheaply: the token lands in a block that its
+        sequence alone holds, or at the start of a new one, without filling it.
+        Then it only counts, or takes one fresh block: none is copied and none
+        becomes full (which a subclass may register, chapter 08). The other
+        sequences go through `append_slots`.
+        """
+        bs, counts, rest, new = self.block_size, self.ref_counts, [], []
+        for seq in seqs:
+            p, blocks = seq.num_computed_tokens, seq.block_table.blocks
+            if p % bs == bs - 1:
+                rest.append(seq)
+            elif p == len(blocks) * bs:
+                new.append(seq)
+            elif counts[blocks[p // bs]] != 1:
+                rest.append(seq)
+        needed = len(new) + self.blocks_to_append([(s, 1) for s in rest])
+        if needed > self.num_free_blocks:
+            return False
+        for seq in new:
+            seq.block_table.blocks.append(self._take_block())
+        for seq in seqs:
+            table = seq.block_table
+            if table.num_tokens <= seq.num_computed_tokens:
+                table.num_tokens = seq.num_computed_tokens + 1
+        for seq in rest:
+            self.append_slots(seq, 1)
+        return True
+
+class BlockSpaceManager(DecodeSlots):
     """Owns the pool of KV blocks and every sequence's table; no sharing yet.
 
     The verbs are vLLM's: `can_allocate` / `allocate` admit a sequence,

@@ -136,6 +136,7 @@ class EngineArgs:
     block_manager: object | None = None
     fused_forward: bool | None = None
     enforce_eager: bool = False
+    async_scheduling: bool | None = None
 
     def __new__(cls, *args, **kwargs):
         names = [f.name for f in dataclasses.fields(cls)]
@@ -149,6 +150,7 @@ class EngineArgs:
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, True)
         _check_bool("fused_forward", self.fused_forward, none_ok=True)
         _check_bool("enforce_eager", self.enforce_eager)
+        _check_bool("async_scheduling", self.async_scheduling, none_ok=True)
         self.seed = as_seed("seed", self.seed, none_ok=True)
         self.weights_seed = as_seed("weights_seed", self.weights_seed)
         self.dtype = parse_dtype(self.dtype)
@@ -300,6 +302,23 @@ class EngineArgs:
                 model, num_blocks, self.block_size, max_model_len, self.max_num_seqs
             )
         return runner(model, num_blocks, self.block_size, max_model_len)
+
+    def use_async_scheduling(self, runner, block_manager) -> bool:
+        """Whether the engine schedules a step ahead (``async_scheduling``; by
+        default where the runner's device is a GPU). Refused with a block
+        manager that registers blocks for the prefix cache when they are
+        scheduled: it would key a block by tokens the host does not have yet."""
+        wanted = self.async_scheduling
+        if wanted is None:
+            wanted = runner.device.type == "cuda"
+        if wanted and getattr(block_manager, "register", None) == "scheduled":
+            if self.async_scheduling:
+                raise ValueError(
+                    "async_scheduling needs a block manager that registers blocks "
+                    "once computed (register='computed'), not when scheduled"
+                )
+            return False
+        return wanted
 
     def build_block_manager(self, num_blocks: int):
         """The given block manager (checked against the pool), chapter 08's with

@@ -13,6 +13,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
@@ -137,10 +138,13 @@ class SequenceState:
         # Anything besides the tokens that changes K/V, for prefix caching's
         # keys (chapter 08): requests with different salts never share blocks.
         self.cache_salt: str | None = None
+        # Tokens sampled on the device that the host has not read yet: they
+        # count in `num_tokens`, not in `token_ids` (chapter 06).
+        self.num_pending = 0
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.token_ids) + self.num_pending
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -163,6 +167,12 @@ class Sequence(SequenceState):
         """
         self.token_ids.append(token)
         self.cumulative_logprob += logprob
+        self.check_stop(token, eos_token_ids, max_model_len)
+
+    def check_stop(self, token: int, eos_token_ids, max_model_len: int) -> None:
+        """Stop if ``token``, the last one appended, ends the sequence: an
+        end-of-sequence id (unless ignored), a stop token, ``max_tokens``
+        generated, or the model's length reached."""
         p = self.params
         eos = (
             token == eos_token_ids
@@ -172,8 +182,8 @@ class Sequence(SequenceState):
         if (eos and not p.ignore_eos) or token in p.stop_token_ids:
             self.finish_reason = "stop"
         elif (
-            len(self.output_token_ids) >= p.max_tokens
-            or self.num_tokens >= max_model_len
+            len(self.token_ids) - self.num_prompt_tokens >= p.max_tokens
+            or len(self.token_ids) >= max_model_len
         ):
             self.finish_reason = "length"
 
@@ -184,6 +194,7 @@ class Sequence(SequenceState):
         ``sample_index`` it draws from that sample's random stream, otherwise it
         continues a copy of the parent's.
         """
+        assert not self.num_pending, "fork a sequence whose tokens are all read"
         child = Sequence(self.token_ids, self.params, sample_index=self.sample_index)
         child.num_prompt_tokens = self.num_prompt_tokens
         child.num_computed_tokens = self.num_computed_tokens
@@ -247,10 +258,7 @@ class PagedKVCache:
         """
         if not copies:
             return
-        src, dst = (
-            torch.tensor(x, dtype=torch.long, device=self.data.device)
-            for x in zip(*copies)
-        )
+        src, dst = upload(list(zip(*copies)), torch.long, self.data.device)
         self.data.index_copy_(2, dst, self.data.index_select(2, src))
 
 @dataclass
@@ -421,72 +429,201 @@ def check_model(model: PreTrainedModel, max_model_len: int | None) -> int:
         )
     return max_model_len
 
-def upload(
-    values: list, dtype: torch.dtype, device: torch.device | str
-) -> torch.Tensor:
-    """``values`` as a tensor on ``device``. To a GPU the copy starts from pinned
-    memory and does not wait: a copy from ordinary (pageable) memory first
-    waits for all the work queued on the GPU, which a step must not do."""
-    t = torch.tensor(values, dtype=dtype)
+def upload(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """``values`` (a list or a NumPy array) as a tensor on ``device``. To a GPU
+    the copy starts from pinned memory and does not wait: a copy from ordinary
+    (pageable) memory first waits for all the work queued on the GPU, which a
+    step must not do."""
+    if isinstance(values, np.ndarray):
+        t = torch.from_numpy(values).to(dtype)
+    else:
+        t = torch.tensor(values, dtype=dtype)
     if torch.device(device).type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
 
-def pack_step(
-    seqs: list[Sequence],
-    num_new_tokens: list[int],
-    block_size: int,
-    device: torch.device | str = "cpu",
-) -> StepInputs:
+def check_room(seqs, first: np.ndarray, counts: np.ndarray, slots: np.ndarray) -> None:
+    """Raise ValueError unless every sequence has ``counts[i] >= 1`` tokens to
+    compute from ``first[i]`` and ``slots[i]`` slots in its table for them."""
+    total = np.array([s.num_tokens for s in seqs], dtype=np.int64)
+    last = first + counts
+    bad = np.flatnonzero((counts < 1) | (last > total) | (slots < last))
+    if len(bad):
+        i = bad[0]
+        raise ValueError(
+            f"sequence {seqs[i].seq_id}: cannot compute tokens {first[i]}..{last[i]} "
+            f"(it has {total[i]} tokens, {slots[i]} slots)"
+        )
+
+def pack_arrays(seqs, num_new_tokens, block_size, tables=None, pending=None) -> dict:
+    """A step's integers on the host, one NumPy array per field of `StepInputs`.
+
+    For every new token: its id, its position and its slot (its block's number
+    times ``block_size``, plus the position within the block); for every
+    sequence: its table, its length after the step, where its tokens sit in
+    the row. ``tables`` keeps the block tables from step to step (a
+    `BlockTableRows`; by default, one for this step only); ``pending`` holds the
+    tokens of the step in flight (chapter 06).
+    """
+    n = len(seqs)
+    counts = np.array(num_new_tokens, dtype=np.int64)
+    first = np.array([s.num_computed_tokens for s in seqs], dtype=np.int64)
+    rows = tables if tables is not None else BlockTableRows(0, n)
+    table, held = rows.gather(seqs)
+    check_room(seqs, first, counts, held * block_size)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    owner = np.repeat(np.arange(n), counts)  # each token's sequence
+    pos = np.arange(starts[-1]) - starts[owner] + first[owner]
+    prefill = np.flatnonzero(counts != 1)
+    ids = new_token_ids(seqs, first.tolist(), num_new_tokens, pending)
+    return {
+        "input_ids": np.array(ids, dtype=np.int64),
+        "positions": pos,
+        "slot_mapping": table[owner, pos // block_size] * block_size + pos % block_size,
+        "block_tables": table,
+        "context_lens": first + counts,
+        "query_start_loc": starts,
+        "logits_index": starts[1:] - 1,
+        "decode_seqs": np.flatnonzero(counts == 1),
+        "prefill_seqs": prefill,
+        "prefill_rows": np.flatnonzero(counts[owner] != 1),
+        "prefill_query_start_loc": np.concatenate(([0], np.cumsum(counts[prefill]))),
+    }
+
+class TableRows:
+    """The rows of `BlockTableRows`: one per sequence it serves, in a NumPy
+    array as wide as the longest table; a row freed when its sequence leaves
+    is given to the next, and when every row is taken the array doubles."""
+
+    def __init__(self, max_blocks: int, rows: int = 64):
+        self.array = np.full((rows, max(1, max_blocks)), -1, dtype=np.int64)
+        self.lists: list[list[int] | None] = [None] * rows  # what each row copied
+        self.lengths = np.zeros(rows, dtype=np.int64)  # how many blocks of it
+        self.row_of: dict[int, int] = {}  # seq_id -> its row
+        self.free_rows = list(range(rows - 1, -1, -1))
+
+    def _new_row(self, seq: Sequence, seqs: list[Sequence]) -> int:
+        """A row for ``seq``; ``seqs`` are the step's sequences, whose rows stay."""
+        if not self.free_rows:  # free the rows of sequences not in this step
+            keep = {s.seq_id for s in seqs}
+            for seq_id in [i for i in self.row_of if i not in keep]:
+                self.free_rows.append(self.row_of.pop(seq_id))
+        if not self.free_rows:  # all in this step: twice the rows
+            n = len(self.lists)
+            self.array = np.concatenate([self.array, np.full_like(self.array, -1)])
+            self.lists += [None] * n
+            self.lengths = np.concatenate([self.lengths, np.zeros(n, np.int64)])
+            self.free_rows = list(range(2 * n - 1, n - 1, -1))
+        row = self.row_of[seq.seq_id] = self.free_rows.pop()
+        self.lists[row] = None
+        return row
+
+class BlockTableRows(TableRows):
+    """Block tables as rows of one NumPy array, kept from step to step so that
+    a step copies into a row only what changed: for a decoding sequence, one
+    block every ``block_size`` steps (vLLM's model runner keeps its block
+    tables the same way).
+
+    A row remembers the list of blocks it copied and how many: the same list,
+    longer, has new blocks at its end; another list is a new table (admission,
+    preemption, a fork). A block replaced inside a list (a copy-on-write,
+    chapter 07) cannot be seen that way: `invalidate` makes every row copy its
+    table again, and the runner calls it whenever blocks are copied.
+    """
+
+    def invalidate(self) -> None:
+        self.lists = [None] * len(self.lists)
+
+    def gather(self, seqs: list[Sequence]) -> tuple[np.ndarray, np.ndarray]:
+        """The tables of ``seqs`` as ``[len(seqs), width]`` rows padded with -1,
+        and the number of blocks of each."""
+        rows = [self.row_of.get(s.seq_id) for s in seqs]
+        if None in rows:
+            rows = [self._new_row(s, seqs) if r is None else r
+                    for s, r in zip(seqs, rows)]  # fmt: skip
+        lists = [[] if s.block_table is None else s.block_table.blocks for s in seqs]
+        held = np.fromiter(map(len, lists), np.int64, len(lists))
+        index = np.array(rows, dtype=np.int64)
+        moved = set(np.flatnonzero(held != self.lengths[index]).tolist())
+        moved.update(i for i, (r, b) in enumerate(zip(rows, lists))
+                     if self.lists[r] is not b)  # fmt: skip
+        for i in moved:
+            self._copy(rows[i], lists[i])
+        width = max(1, int(held.max(initial=0)))
+        return self.array[index, :width], held
+
+    def _copy(self, row: int, blocks: list[int]) -> None:
+        """Make ``row`` hold ``blocks``: only the new ones if it held their start."""
+        old, new = int(self.lengths[row]), len(blocks)
+        if new > self.array.shape[1]:  # longer than any table so far: widen
+            pad = np.full((len(self.array), new - self.array.shape[1]), -1, np.int64)
+            self.array = np.concatenate([self.array, pad], axis=1)
+        start = old if self.lists[row] is blocks and new > old else 0
+        self.array[row, start:new] = blocks[start:]
+        self.array[row, new:old] = -1
+        self.lists[row], self.lengths[row] = blocks, new
+
+@dataclass
+class PendingTokens:
+    """Tokens a step sampled on the device that the host has not read yet, and
+    each sequence's row among them. Chapter 06's asynchronous scheduling packs
+    step N+1 before it reads step N's tokens: a token the host does not have
+    yet goes into the packed ids as a stand-in, and the device swaps in the
+    real one (SGLang's overlap scheduler marks its "future" tokens the same way).
+    """
+
+    tokens: torch.Tensor  # on the device
+    rows: dict[int, int]  # seq_id -> its row of ``tokens``
+
+    def placeholder(self, seq: Sequence) -> int:
+        """The stand-in for ``seq``'s token: ``-1 - row``, never a real id."""
+        return -1 - self.rows[seq.seq_id]
+
+    def resolve(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` with every stand-in replaced by its token (on the device)."""
+        rows = (-1 - input_ids).clamp_(min=0)
+        return torch.where(input_ids < 0, self.tokens[rows], input_ids)
+
+def new_token_ids(seqs, first: list[int], counts: list[int], pending) -> list[int]:
+    """The ids of the tokens each sequence computes: ``counts[i]`` from
+    ``first[i]`` on, the one the host has not read yet as ``pending``'s stand-in."""
+    ids: list[int] = []
+    for seq, start, n in zip(seqs, first, counts):
+        known = seq.token_ids[start : start + n]
+        ids += known
+        if len(known) < n:
+            if pending is None or seq.seq_id not in pending.rows:
+                raise ValueError(f"sequence {seq.seq_id}: token {start + n - 1} "
+                                 "is still on the device")  # fmt: skip
+            ids.append(pending.placeholder(seq))
+    return ids
+
+def upload_step(arrays: dict, device, pending=None) -> StepInputs:
+    """`pack_arrays`' fields as the tensors of a `StepInputs` on ``device``, all
+    in one copy (on a CPU, none: the tensors share the arrays' memory); the
+    stand-ins of ``pending`` replaced there."""
+    if torch.device(device).type == "cpu":
+        fields = {name: torch.from_numpy(a) for name, a in arrays.items()}
+    else:
+        flat = np.concatenate([a.ravel() for a in arrays.values()])
+        flat = upload(flat, torch.long, device)
+        fields = dict(zip(arrays, flat.split([a.size for a in arrays.values()])))
+        shape = arrays["block_tables"].shape
+        fields["block_tables"] = fields["block_tables"].view(shape)
+    fields["block_tables"] = fields["block_tables"].to(torch.int32)
+    if pending is not None:
+        fields["input_ids"] = pending.resolve(fields["input_ids"])
+    return StepInputs(**fields)
+
+
+def pack_step(seqs, num_new_tokens, block_size, device="cpu", tables=None,
+              pending=None) -> StepInputs:  # fmt: skip
     """Pack the next ``num_new_tokens[i]`` tokens of each sequence into one row.
 
     Each sequence's block table must already hold slots for them.
     """
-    ids, pos, slots, starts, ctx = [], [], [], [0], []
-    for seq, n in zip(seqs, num_new_tokens):
-        first, last = seq.num_computed_tokens, seq.num_computed_tokens + n
-        table = seq.block_table.blocks if seq.block_table is not None else []
-        if n < 1 or last > seq.num_tokens or len(table) * block_size < last:
-            raise ValueError(
-                f"sequence {seq.seq_id}: cannot compute tokens {first}..{last} "
-                f"(it has {seq.num_tokens} tokens, {len(table) * block_size} slots)"
-            )
-        ids += seq.token_ids[first:last]
-        pos += range(first, last)
-        slots += [
-            table[p // block_size] * block_size + p % block_size for p in pos[-n:]
-        ]
-        starts.append(starts[-1] + n)
-        ctx.append(last)
-    width = max(len(s.block_table.blocks) for s in seqs)
-    tables = [
-        s.block_table.blocks + [-1] * (width - len(s.block_table.blocks)) for s in seqs
-    ]
-    decode = [i for i, n in enumerate(num_new_tokens) if n == 1]
-    prefill = [i for i, n in enumerate(num_new_tokens) if n != 1]
-    prefill_rows = [r for i in prefill for r in range(starts[i], starts[i + 1])]
-    prefill_starts = [0]
-    for i in prefill:
-        prefill_starts.append(prefill_starts[-1] + num_new_tokens[i])
-    last = [s - 1 for s in starts[1:]]
-    parts = [ids, pos, slots, ctx, starts, last, decode, prefill, prefill_rows]
-    parts += [prefill_starts, [b for row in tables for b in row]]
-    # every field in one tensor and one copy
-    flat = upload([x for part in parts for x in part], torch.long, device)
-    fields = flat.split([len(part) for part in parts])
-    return StepInputs(
-        input_ids=fields[0],
-        positions=fields[1],
-        slot_mapping=fields[2],
-        block_tables=fields[10].view(len(seqs), width).to(torch.int32),
-        context_lens=fields[3],
-        query_start_loc=fields[4],
-        logits_index=fields[5],
-        decode_seqs=fields[6],
-        prefill_seqs=fields[7],
-        prefill_rows=fields[8],
-        prefill_query_start_loc=fields[9],
-    )
+    arrays = pack_arrays(seqs, num_new_tokens, block_size, tables, pending)
+    return upload_step(arrays, device, pending)
 
 class StepRunner:
     """Owns the KV cache and turns each step's sequences into one forward pass
@@ -496,13 +633,8 @@ class StepRunner:
     sequence in this chapter, the block manager from chapter 06 on.
     """
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        num_blocks: int,
-        block_size: int = 16,
-        max_model_len: int | None = None,
-    ):
+    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int = 16,
+                 max_model_len: int | None = None):  # fmt: skip
         self.max_model_len = check_model(model, max_model_len)
         self.model = model
         self.device = next(model.parameters()).device
@@ -511,41 +643,47 @@ class StepRunner:
         )
         self.block_size = block_size
         self.workspace: dict = {}
+        self.tables = BlockTableRows(-(-self.max_model_len // block_size))
 
-    def prepare(self, seqs: list[Sequence], num_new_tokens: list[int]) -> StepInputs:
-        """`pack_step` on this runner's device, with its cache and workspace."""
-        step = pack_step(seqs, num_new_tokens, self.block_size, self.device)
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """The cache's `PagedKVCache.copy_blocks`; the tables that made them
+        changed in place, so every table is copied again at the next step."""
+        if copies:
+            self.kv_cache.copy_blocks(copies)
+            self.tables.invalidate()
+
+    def pack(self, seqs, num_new_tokens, ref_counts=None, pending=None) -> dict:
+        """`pack_arrays` with this runner's tables. With ``ref_counts`` (the
+        block manager's, chapter 07), first check that no slot written belongs
+        to a block another sequence also reads (or to a free one)."""
+        bs = self.block_size
+        arrays = pack_arrays(seqs, num_new_tokens, bs, self.tables, pending)
+        if ref_counts is not None:
+            written = (arrays["slot_mapping"] // self.block_size).tolist()
+            shared = sorted({b for b in written if ref_counts[b] != 1})
+            assert not shared, f"writing into shared or free blocks {shared}"
+        return arrays
+
+    def prepare(self, seqs, num_new_tokens, ref_counts=None,
+                pending=None) -> StepInputs:  # fmt: skip
+        """The step's `StepInputs` on this runner's device (`pack`, then
+        `upload_step`), with its cache and workspace."""
+        arrays = self.pack(seqs, num_new_tokens, ref_counts, pending)
+        step = upload_step(arrays, self.device, pending)
         step.kv_cache, step.workspace = self.kv_cache, self.workspace
         return step
 
     @torch.inference_mode()
-    def run(
-        self,
-        seqs: list[Sequence],
-        num_new_tokens: list[int],
-        ref_counts: list[int] | None = None,
-    ) -> torch.Tensor:
+    def run(self, seqs: list[Sequence], num_new_tokens: list[int], ref_counts=None,
+            pending: PendingTokens | None = None) -> torch.Tensor:  # fmt: skip
         """One forward pass; fp32 logits of each sequence's last new token.
 
         Returns ``[num_seqs, vocab]``. The sequences are not changed: the caller
-        advances ``num_computed_tokens`` once it has used the logits. With
-        ``ref_counts`` (the block manager's, chapter 07), it checks that no
-        slot written belongs to a block another sequence also reads.
+        advances ``num_computed_tokens`` once it has used the logits.
+        ``ref_counts`` and ``pending`` are `pack`'s.
         """
-        if ref_counts is not None:
-            self.check_writes(seqs, num_new_tokens, ref_counts)
-        return self.forward(self.prepare(seqs, num_new_tokens)).float()
-
-    def check_writes(self, seqs, num_new_tokens, ref_counts) -> None:
-        """Assert that no block this step writes is shared or free, from the
-        block tables on the host (reading the step's slots back from a GPU
-        would make the host wait for it)."""
-        bs, shared = self.block_size, []
-        for seq, n in zip(seqs, num_new_tokens):
-            first, last = seq.num_computed_tokens, seq.num_computed_tokens + n - 1
-            blocks = seq.block_table.blocks[first // bs : last // bs + 1]
-            shared += [b for b in blocks if ref_counts[b] != 1]
-        assert not shared, f"writing into shared or free blocks {shared}"
+        step = self.prepare(seqs, num_new_tokens, ref_counts, pending)
+        return self.forward(step).float()
 
 class ModelRunner(StepRunner):
     """Runs the model on packed steps with paged attention: its own forward

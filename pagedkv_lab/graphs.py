@@ -19,7 +19,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from .engine import PagedKVCache, Sequence, StepInputs
+from .engine import PagedKVCache, StepInputs
 from .fused import FusedModelRunner
 
 
@@ -69,26 +69,24 @@ class DecodeInputs(DecodeBuffers):
     the GPU; `step` views the first rows as the `StepInputs` a graph reads.
     """
 
-    def fill(self, seqs: list[Sequence], batch: int) -> None:
-        """Upload the next token of each of ``seqs`` (whose tables hold its
-        slot), padded to ``batch`` rows."""
+    def fill(self, arrays: dict | None, batch: int, pending=None) -> None:
+        """Upload a pure decode step (`StepRunner.pack`'s arrays; None: no
+        sequence) padded to ``batch`` rows; with ``pending`` (the tokens of
+        the step in flight), its stand-ins are replaced on the device."""
         if self.uploaded is not None and not self.uploaded.query():
             self.uploaded.synchronize()  # the last upload must leave the host copy
-        bs, n = self.block_size, len(seqs)
-        ids, pos, slots = [], [], []
-        tables = self.host_tables.numpy()
-        for i, seq in enumerate(seqs):
-            p, blocks = seq.num_computed_tokens, seq.block_table.blocks
-            ids.append(seq.token_ids[p])
-            pos.append(p)
-            slots.append(blocks[p // bs] * bs + p % bs)
-            tables[i, : len(blocks)] = blocks
-        host = self.host.numpy()
-        host[0, :n], host[1, :n], host[2, :n] = ids, pos, slots
-        host[3, :n] = host[1, :n] + 1
+        n = 0 if arrays is None else len(arrays["positions"])
+        if n:
+            host, table = self.host.numpy(), arrays["block_tables"]
+            host[0, :n], host[1, :n] = arrays["input_ids"], arrays["positions"]
+            host[2, :n], host[3, :n] = arrays["slot_mapping"], arrays["context_lens"]
+            self.host_tables.numpy()[:n, : table.shape[1]] = table
         self.pad(n, batch)
         self.ids_pos_slots_lens.copy_(self.host, non_blocking=True)
         self.tables[:batch].copy_(self.host_tables[:batch], non_blocking=True)
+        if pending is not None and n:
+            ids = self.ids_pos_slots_lens[0, :n]
+            ids.copy_(pending.resolve(ids))
         self.uploaded = torch.cuda.Event()
         self.uploaded.record()
 
@@ -139,7 +137,7 @@ class GraphCapture(FusedModelRunner):
         """Record the decode forward pass of ``batch`` padding rows."""
         start = time.perf_counter()
         # padding in every row: the warm-up pass below writes only the spare block
-        self.inputs.fill([], batch)
+        self.inputs.fill(None, batch)
         step = self.inputs.step(batch, self.kv_cache, self.workspace)
         self.forward(step)  # once outside: compiles kernels, fills the workspace
         torch.cuda.synchronize(self.device)
@@ -169,15 +167,14 @@ class GraphedModelRunner(GraphCapture):
     """
 
     @torch.inference_mode()
-    def run(self, seqs, num_new_tokens, ref_counts=None) -> torch.Tensor:
+    def run(self, seqs, num_new_tokens, ref_counts=None, pending=None) -> torch.Tensor:
         if len(seqs) > self.batch_sizes[-1] or any(n != 1 for n in num_new_tokens):
-            return super().run(seqs, num_new_tokens, ref_counts)
-        if ref_counts is not None:
-            self.check_writes(seqs, num_new_tokens, ref_counts)
+            return super().run(seqs, num_new_tokens, ref_counts, pending)
+        arrays = self.pack(seqs, num_new_tokens, ref_counts, pending)
         batch = next(b for b in self.batch_sizes if b >= len(seqs))
         if batch not in self.graphs:
             self.capture(batch)
-        self.inputs.fill(seqs, batch)
+        self.inputs.fill(arrays, batch, pending)
         graph, logits = self.graphs[batch]
         graph.replay()
         return logits[: len(seqs)].float()

@@ -72,6 +72,16 @@ class InputProcessor:
         self._request_ids = itertools.count()
         # Outputs another caller's `generate` finished for `step`'s caller.
         self._unclaimed: list = []
+        # Requests in flight that need text at every step (or stop-token
+        # reasons), that stream, that have no token yet, that want their
+        # prompt's log-probabilities: a step looks only at these.
+        self._text_requests: set[int] = set()
+        self._streaming: set[int] = set()
+        self._awaiting_first_token: set[int] = set()
+        self._prompt_logprob_requests: set[int] = set()
+        self._tracked_requests = (self._text_requests, self._streaming,
+                                  self._awaiting_first_token,
+                                  self._prompt_logprob_requests)  # fmt: skip
         self._t0 = time.perf_counter()
         # Unseeded requests get a seed from this stream when the engine has one.
         self._seeds = (
@@ -223,12 +233,18 @@ class InputProcessor:
         """Queue ``group``; return the id its outputs will carry."""
         rid = group.request_id
         self._requests[rid] = (group, text, RequestMetrics(self._now()))
+        self._awaiting_first_token.add(rid)
         if isinstance(group.params, SamplingParams):
             external = rid if request_id is None else request_id
             state = self._states[rid] = RequestState(external, group.params)
+            if state.needs_text or state.params.stop_token_ids:
+                self._text_requests.add(rid)
+            if state.streams:
+                self._streaming.add(rid)
             if group.params.prompt_logprobs is not None:
                 # The first prompt token has no log-probability (vLLM: None).
                 state.prompt_logprobs = [None]
+                self._prompt_logprob_requests.add(rid)
             if request_id is not None:
                 self._external_ids[request_id] = rid
         self.scheduler.add(group)

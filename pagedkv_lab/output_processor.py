@@ -110,8 +110,10 @@ class OutputProcessor:
         recomputes its prompt but gets each position's entry once.
         """
         wanted = []
+        if not self._prompt_logprob_requests:
+            return wanted
         for i, (seq, n, group) in enumerate(zip(seqs, num_new_tokens, groups)):
-            if getattr(group.params, "prompt_logprobs", None) is None:
+            if group.request_id not in self._prompt_logprob_requests:
                 continue
             state = self._states.get(group.request_id)
             if state is None:
@@ -124,10 +126,11 @@ class OutputProcessor:
                 wanted.append((i, start - first, count))
         return wanted
 
-    def _keep_prompt_logprobs(self, plan, rows, prompt_rows) -> None:
-        """Turn a step's prompt logits into ``prompt_logprobs`` entries."""
+    def _keep_prompt_logprobs(self, plan, failed, prompt_rows) -> None:
+        """Turn a step's prompt logits into ``prompt_logprobs`` entries (not for
+        the plan indices in ``failed``)."""
         for i, (start, logits) in prompt_rows.items():
-            if rows[i] is None:
+            if i in failed:
                 continue
             seq = plan.seqs[i]
             state = self._states[plan.groups[i].request_id]
@@ -197,6 +200,8 @@ class OutputProcessor:
         if final:
             _, prompt, metrics = self._requests.pop(rid)
             state = self._states.pop(rid, None)
+            for tracked in self._tracked_requests:
+                tracked.discard(rid)
             if state is not None and isinstance(state.request_id, str):
                 self._external_ids.pop(state.request_id, None)
             metrics.finish_time = now
@@ -230,11 +235,11 @@ class OutputProcessor:
         )
 
     @torch.inference_mode()
-    def _prompt_logits(self, seqs, num_new_tokens, wanted):
+    def _prompt_logits(self, seqs, num_new_tokens, wanted, pending=None):
         """The runner's forward pass with extra rows: logits of each sequence's
         last new token, and ``{index: (first position, logits)}`` for the
         prompt positions ``wanted`` (`_prompt_rows`) of this step."""
-        step = self.runner.prepare(seqs, num_new_tokens)
+        step = self.runner.prepare(seqs, num_new_tokens, pending=pending)
         starts = step.query_start_loc.tolist()
         extra = [starts[i] + off + j for i, off, count in wanted for j in range(count)]
         index = torch.tensor(extra, device=step.logits_index.device)
@@ -254,33 +259,36 @@ class OutputProcessor:
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = self._now()
 
-    def _postprocess_groups(self, groups, now: float, outputs: list) -> None:
+    def _postprocess_groups(self, groups, now: float, outputs: list) -> list:
         """After sampling: text, stop strings and stop reasons of the groups
-        that sampled (one that raises here fails alone), and the time of each
-        request's first token."""
+        that sampled and need them (one that raises here fails alone), and the
+        time of each request's first token. Returns the groups a stop string
+        ended."""
+        ended, texts, first = [], self._text_requests, self._awaiting_first_token
         for group in groups:
-            state = self._states.get(group.request_id)
-            try:
-                if state is not None and (
-                    state.needs_text or state.params.stop_token_ids
-                ):
-                    self._postprocess(group, state)
-            except Exception as err:
-                outputs.append(self._fail(group, err))
-                continue
-            metrics = self._requests[group.request_id][2]
-            if metrics.first_token_time is None:
-                metrics.first_token_time = now
+            rid = group.request_id
+            if rid in texts:
+                try:
+                    self._postprocess(group, self._states[rid])
+                except Exception as err:
+                    outputs.append(self._fail(group, err))
+                    continue
+                if any(s.is_finished for s in group.seqs):
+                    ended.append(group)
+            if rid in first:
+                first.discard(rid)
+                self._requests[rid][2].first_token_time = now
+        return ended
 
     def _streamed(self, groups, now: float) -> list[RequestOutput]:
         """The outputs of a step for the unfinished requests among ``groups``
         that stream (``output_kind`` not ``FINAL_ONLY``)."""
-        outputs = []
-        for group in groups:
-            state = self._states.get(group.request_id)
-            if state is not None and state.streams and not group.is_finished:
-                outputs.append(self._output(group, now, final=False))
-        return outputs
+        streaming = self._streaming
+        return [
+            self._output(g, now, final=False)
+            for g in groups
+            if g.request_id in streaming and not g.is_finished
+        ]
 
     def _fail(self, group, err: BaseException) -> RequestOutput:
         """End ``group`` with ``finish_reason="error"``; nothing else is touched."""

@@ -16,6 +16,13 @@ back until the tokens are chosen (`sample_batch`). Its draws come from the
 GPU's random streams, so a seeded request repeats its tokens from run to run
 on a GPU, but they are not the tokens it draws on a CPU.
 
+The engine samples a step with `sample_tokens`, which returns the tokens as
+`SampledTokens`: on the device, with their copy to the host already queued,
+so that the engine reads them (`SampledTokens.read`, the step's one transfer)
+when it needs them, possibly after it has queued the next step (chapter 06's
+asynchronous scheduling). What a batch's parameters ask for is gathered once
+per list of sequences (`SamplingBatch`), not at every step.
+
 `SamplingParams`, `RequestOutputKind` and `Logprob` are imported here too, where
 earlier versions of the library defined them.
 """
@@ -24,19 +31,22 @@ from __future__ import annotations
 
 import torch
 
-from .engine import Sequence, make_generator, token_logprobs, upload
+from .engine import Sequence, make_generator, upload
 from .outputs import Logprob
 from .sampling_params import RequestOutputKind, SamplingParams
 
 __all__ = [
     "Logprob",
     "RequestOutputKind",
+    "SampledTokens",
+    "SamplingBatch",
     "SamplingParams",
     "process_logits",
     "sample",
     "sample_batch",
     "sample_logprobs",
     "sample_on_device",
+    "sample_tokens",
     "top_logprobs",
 ]
 
@@ -46,6 +56,47 @@ def _params(seq: Sequence):
     features of this module)."""
     p = seq.params
     return p if isinstance(p, SamplingParams) else None
+
+
+class SamplingBatch:
+    """What the parameters of a list of sequences ask of the sampler, by row:
+    which rows draw at random (the rest are greedy), which have a
+    ``min_tokens`` mask or penalties, which want log-probabilities.
+
+    A decode step samples the same sequences in the same order as the step
+    before, until one finishes or joins; the engine keeps a `SamplingBatch`
+    while its list is the same (`matches`), instead of reading every
+    sequence's parameters at every step.
+    """
+
+    def __init__(self, seqs: list[Sequence]):
+        self.seqs = list(seqs)
+        params = [s.params for s in seqs]
+        ours = [p if isinstance(p, SamplingParams) else None for p in params]
+        self.random = [i for i, p in enumerate(params) if not p.greedy]
+        self.min_tokens = [i for i, p in enumerate(ours) if p and p.min_tokens]
+        self.penalised = [i for i, p in enumerate(ours) if p and p.processes_logits]
+        self.logprobs = [i for i, p in enumerate(ours) if p and p.logprobs is not None]
+        self._stops = None
+
+    def matches(self, seqs: list[Sequence]) -> bool:
+        """Whether ``seqs`` are this batch's sequences, in the same order."""
+        return seqs == self.seqs  # element by element: identity first, so fast
+
+    def stop_rules(self, eos_token_ids, max_model_len: int) -> tuple[set, list[int]]:
+        """The token ids that may stop some row (EOS, stop tokens), and the
+        number of tokens at which each row stops by length: `accept_tokens`
+        checks a row's stop conditions only when one of them applies."""
+        if self._stops is None:
+            ids = set() if eos_token_ids is None else (
+                {eos_token_ids} if isinstance(eos_token_ids, int) else set(eos_token_ids)
+            )  # fmt: skip
+            for s in self.seqs:
+                ids.update(s.params.stop_token_ids)
+            limits = [min(s.num_prompt_tokens + s.params.max_tokens, max_model_len)
+                      for s in self.seqs]  # fmt: skip
+            self._stops = (ids, limits)
+        return self._stops
 
 
 def _apply_penalties(
@@ -90,16 +141,17 @@ def _apply_penalties(
 
 
 def process_logits(
-    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids
+    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids, batch=None
 ) -> torch.Tensor:
     """The logits sampling reads: ``min_tokens`` masks and penalties applied to
-    the rows whose requests asked for them (the input itself when none did)."""
-    mask_rows, mask_cols, penalised = [], [], []
-    for i, seq in enumerate(seqs):
-        p = _params(seq)
-        if p is None:
-            continue
-        if p.min_tokens and seq.num_tokens - seq.num_prompt_tokens < p.min_tokens:
+    the rows whose requests asked for them (the input itself when none did).
+    ``batch``: the `SamplingBatch` of ``seqs``, if the caller keeps one."""
+    batch = SamplingBatch(seqs) if batch is None else batch
+    mask_rows, mask_cols = [], []
+    for i in batch.min_tokens:
+        seq = seqs[i]
+        p = seq.params
+        if seq.num_tokens - seq.num_prompt_tokens < p.min_tokens:
             stops = set(p.stop_token_ids)
             if not p.ignore_eos and eos_token_ids is not None:
                 stops |= (
@@ -109,13 +161,11 @@ def process_logits(
                 )
             mask_rows += [i] * len(stops)
             mask_cols += sorted(stops)
-        if p.processes_logits:
-            penalised.append(i)
-    if not mask_rows and not penalised:
+    if not mask_rows and not batch.penalised:
         return logits
     logits = logits.clone()
-    if penalised:
-        logits = _apply_penalties(logits, seqs, penalised)
+    if batch.penalised:
+        logits = _apply_penalties(logits, seqs, batch.penalised)
     if mask_rows:
         device = logits.device
         logits[
@@ -125,7 +175,9 @@ def process_logits(
     return logits
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None) -> list[int]:
+def sample(
+    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None, batch=None
+) -> list[int]:
     """Next token per sequence, from ``logits`` ``[num_seqs, vocab]``.
 
     Greedy rows take the argmax (one for the whole batch); the others are
@@ -133,12 +185,12 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None) -> li
     from the sequence's own random stream: chapter 05's sampler, with
     ``min_tokens``, penalties and ``min_p`` added for the requests that ask.
     """
-    logits = process_logits(logits, seqs, eos_token_ids)
+    batch = SamplingBatch(seqs) if batch is None else batch
+    logits = process_logits(logits, seqs, eos_token_ids, batch)
     tokens = logits.argmax(dim=-1).tolist()
-    for i, (row, seq) in enumerate(zip(logits, seqs)):
+    for i in batch.random:
+        row, seq = logits[i], seqs[i]
         p = seq.params
-        if p.greedy:
-            continue
         row = row / p.temperature
         min_p = getattr(p, "min_p", 0.0)
         if min_p > 0:
@@ -171,7 +223,7 @@ def _device_generator(seq: Sequence, device: torch.device) -> torch.Generator | 
 
 
 def sample_on_device(
-    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None
+    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None, batch=None
 ) -> torch.Tensor:
     """`sample`'s choice per row, as a tensor on ``logits``' device, computed
     without reading anything back: every sampled row is cut in one batch
@@ -221,22 +273,110 @@ def sample_on_device(
     return tokens
 
 
+class SampledTokens:
+    """A step's sampled tokens, their raw log-probabilities and the top
+    log-probabilities of the rows that asked, on their way to the host.
+
+    ``tokens`` stays on the device, where the next step may read it (chapter
+    06's asynchronous scheduling). On a GPU, the copy of everything the host
+    needs is queued as soon as the tokens are chosen, into pinned memory, so
+    `read` waits for this step's work only, never for a step queued after it:
+    that copy is the step's one transfer.
+    """
+
+    def __init__(self, tokens: torch.Tensor, values: torch.Tensor, tops=None):
+        self.tokens = tokens
+        self.tops = tops  # (rows, targets' positions, nums) for top_logprob_dicts
+        self._ready = None
+        if values.is_cuda:
+            host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self._values = host.copy_(values, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._values = values
+
+    def read(self) -> tuple[list[int], list[float], list[dict[int, Logprob] | None]]:
+        """Tokens, their log-probabilities, and per row the ``logprobs`` its
+        request asked for (None where it did not), as Python objects."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        values = self._values.tolist()
+        n = len(self.tokens)
+        tokens, logprobs = [int(t) for t in values[:n]], values[n : 2 * n]
+        tops: list[dict[int, Logprob] | None] = [None] * n
+        if self.tops is not None:
+            rows, nums = self.tops
+            k = max(nums)
+            table = [values[2 * n + r * (2 + 2 * k) :][: 2 + 2 * k] for r in range(len(rows))]
+            dicts = top_logprob_dicts(table, [tokens[i] for i in rows], nums)
+            for i, d in zip(rows, dicts):
+                tops[i] = d
+        return tokens, logprobs, tops
+
+
+def sample_tokens(
+    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None, batch=None
+) -> SampledTokens:
+    """Sample a whole step: next token per row, its raw log-probability, and
+    the top log-probabilities of the rows whose requests asked (``batch``: the
+    `SamplingBatch` of ``seqs``, if the caller keeps one).
+
+    On a CPU the tokens are chosen by `sample` (each seeded row from its own
+    stream on the CPU); on a GPU by `sample_on_device`, without reading
+    anything back: what the host needs comes back later, in one transfer.
+    """
+    batch = SamplingBatch(seqs) if batch is None else batch
+    if logits.device.type != "cpu":
+        tokens = sample_on_device(logits, seqs, eos_token_ids, batch)
+    elif batch.random or batch.min_tokens or batch.penalised:
+        tokens = torch.tensor(sample(logits, seqs, eos_token_ids, batch))
+    else:  # all greedy, nothing to mask: `sample` is the argmax
+        tokens = logits.argmax(dim=-1)
+    logprobs = logits.float().log_softmax(-1)
+    values = [tokens.double(), logprobs.gather(1, tokens[:, None])[:, 0].double()]
+    tops = None
+    if batch.logprobs:
+        rows = batch.logprobs
+        nums = [min(seqs[i].params.logprobs, logits.shape[-1]) for i in rows]
+        index = torch.tensor(rows, device=logits.device)
+        table = top_logprob_table(logprobs[index], tokens[index], max(nums))
+        values.append(table.ravel())
+        tops = (rows, nums)
+    return SampledTokens(tokens, torch.cat(values), tops)
+
+
 def sample_batch(
     logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None
 ) -> tuple[list[int], list[float]]:
-    """Next token per row and its raw log-probability, for a whole step.
+    """Next token per row and its raw log-probability, for a whole step, as
+    lists: `sample_tokens`, read at once."""
+    tokens, logprobs, _ = sample_tokens(logits, seqs, eos_token_ids).read()
+    return tokens, logprobs
 
-    On a CPU this is `sample` and the chosen tokens' log-probabilities. On a
-    GPU the tokens are chosen there (`sample_on_device`) and both lists come
-    back in one transfer: the only moment a decode step waits for the GPU.
-    """
-    if logits.device.type == "cpu":
-        tokens = sample(logits, seqs, eos_token_ids)
-        return tokens, token_logprobs(logits, tokens)
-    tokens = sample_on_device(logits, seqs, eos_token_ids)
-    chosen = logits.float().log_softmax(-1).gather(1, tokens[:, None])[:, 0]
-    ids, logprobs = torch.stack([tokens.double(), chosen.double()]).tolist()
-    return [int(t) for t in ids], logprobs
+
+def top_logprob_table(logprobs: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+    """Per row of ``logprobs`` ``[rows, vocab]`` (already log-softmaxed): the
+    target token's log-probability and rank, then the ``k`` largest
+    log-probabilities and their token ids, as one float64 tensor ``[rows, 2 +
+    2k]`` on the logits' device (float64 holds every token id exactly)."""
+    chosen = logprobs.gather(1, targets[:, None])
+    ranks = (logprobs > chosen).sum(-1, keepdim=True) + 1
+    top_v, top_i = logprobs.topk(k, dim=-1)
+    return torch.cat([x.double() for x in (chosen, ranks, top_v, top_i)], dim=1)
+
+
+def top_logprob_dicts(table, targets: list[int], nums: list[int]) -> list[dict[int, Logprob]]:
+    """`top_logprob_table`'s rows (as lists) as ``{token id: Logprob}``, the
+    target first, then the ``nums[row]`` most likely tokens."""
+    out = []
+    for row, target, n in zip(table, targets, nums):
+        k = (len(row) - 2) // 2
+        d = {target: Logprob(row[0], int(row[1]))}
+        for j in range(n):
+            d.setdefault(int(row[2 + k + j]), Logprob(row[2 + j], j + 1))
+        out.append(d)
+    return out
 
 
 def top_logprobs(
@@ -246,30 +386,16 @@ def top_logprobs(
     target token's log-probability and rank, then the ``nums[row]`` most likely
     tokens', as ``{token id: Logprob}`` with the target first."""
     nums = [min(n, logprobs.shape[-1]) for n in nums]
-    k = max(nums, default=0)
-    chosen = logprobs.gather(1, targets[:, None])
-    ranks = (logprobs > chosen).sum(-1) + 1
-    top_v, top_i = logprobs.topk(k, dim=-1) if k else (None, None)
-    chosen, ranks, targets = chosen[:, 0].tolist(), ranks.tolist(), targets.tolist()
-    top_v = top_v.tolist() if k else None
-    top_i = top_i.tolist() if k else None
-    out = []
-    for r, n in enumerate(nums):
-        d = {targets[r]: Logprob(chosen[r], ranks[r])}
-        for j in range(n):
-            d.setdefault(top_i[r][j], Logprob(top_v[r][j], j + 1))
-        out.append(d)
-    return out
+    table = top_logprob_table(logprobs, targets, max(nums, default=0))
+    return top_logprob_dicts(table.tolist(), targets.tolist(), nums)
 
 
 def sample_logprobs(
-    logits: torch.Tensor, seqs: list[Sequence], tokens: list[int]
+    logits: torch.Tensor, seqs: list[Sequence], tokens: list[int], batch=None
 ) -> list[dict[int, Logprob] | None]:
     """The ``logprobs`` each sequence asked for at this step (None where it did
     not), from the raw logits."""
-    rows = [
-        i for i, s in enumerate(seqs) if getattr(s.params, "logprobs", None) is not None
-    ]
+    rows = (SamplingBatch(seqs) if batch is None else batch).logprobs
     result: list[dict[int, Logprob] | None] = [None] * len(seqs)
     if not rows:
         return result

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .engine import Sequence, upload
-from .sampling import sample_batch, sample_logprobs
+from .sampling import sample_tokens
 
 
 class GroupSampling:
@@ -43,8 +43,7 @@ class GroupSampling:
         seqs, rows = self.sampling_rows(seqs, block_manager)
         if rows != list(range(len(logits))):
             logits = logits.index_select(0, upload(rows, torch.long, logits.device))
-        tokens, chosen = sample_batch(logits, seqs, eos_token_ids)
-        tops = sample_logprobs(logits, seqs, tokens)
+        tokens, chosen, tops = sample_tokens(logits, seqs, eos_token_ids).read()
         self.accept(seqs, tokens, chosen, tops, eos_token_ids, max_model_len)
 
     def results(self) -> list[tuple[list[int], float, str, float | None]]:
@@ -55,6 +54,45 @@ class GroupSampling:
             (s.output_token_ids, s.cumulative_logprob, s.finish_reason, None)
             for s in seqs
         ]
+
+def accept_tokens(seqs, tokens, logprobs, stop_ids: set, limits: list[int],
+                  eos_token_ids, max_model_len: int) -> list[int]:  # fmt: skip
+    """`GroupSampling.accept` for a whole step: each sequence receives the token
+    it was waiting for (sampled on the device, counted in ``num_pending``); the
+    indices of those that stop are returned. A sequence that ended meanwhile
+    (aborted, or stopped one step before: chapter 06's asynchronous scheduling)
+    is skipped.
+
+    Stop conditions are checked only where one may apply: the token is one of
+    ``stop_ids`` (EOS, stop tokens) or the sequence reached its limit in
+    ``limits`` (`SamplingBatch.stop_rules`); a step of hundreds of sequences
+    mostly has none.
+    """
+    for seq, token, logprob in zip(seqs, tokens, logprobs):
+        if seq.finish_reason is None:
+            seq.token_ids.append(token)
+            seq.num_pending -= 1
+            seq.cumulative_logprob += logprob
+    maybe = [i for i, (s, t, n) in enumerate(zip(seqs, tokens, limits))
+             if (t in stop_ids or len(s.token_ids) >= n)
+             and s.finish_reason is None]  # fmt: skip
+    stopped = []
+    for i in maybe:
+        seqs[i].check_stop(tokens[i], eos_token_ids, max_model_len)
+        if seqs[i].finish_reason is not None:
+            seqs[i].num_pending = 0  # its token of the step in flight is dropped
+            stopped.append(i)
+    return stopped
+
+
+def samples_as_rows(group) -> bool:
+    """Whether the engine samples ``group`` as one row per sequence, with
+    nothing to ask it first: true of every group that samples in the batch
+    and keeps `GroupSampling`'s `sampling_rows` (not of chapter 07's groups,
+    which fork or rank their sequences)."""
+    return group.samples_in_batch and (
+        type(group).sampling_rows is GroupSampling.sampling_rows
+    )
 
 class SequenceGroup(GroupSampling):
     """A request: the sequences generated from one prompt.
@@ -123,8 +161,11 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Every sequence computes its one last token (then all of them sample).
+    decode_only: bool = False
 
     def add(self, seq: Sequence, num_new_tokens: int, group: SequenceGroup) -> None:
+        self.decode_only = False
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)
         self.groups.append(group)
@@ -134,16 +175,9 @@ class SchedulerQueues:
     a request's blocks when it is preempted, removed or finished.
     ``reserve_tokens``: admit with blocks for that many tokens (chapter 02)."""
 
-    def __init__(
-        self,
-        block_manager,
-        *,
-        max_model_len: int,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 4096,
-        watermark: float = 0.01,
-        reserve_tokens: int = 0,
-    ):
+    def __init__(self, block_manager, *, max_model_len: int, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 4096, watermark: float = 0.01,
+                 reserve_tokens: int = 0):  # fmt: skip
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
@@ -176,12 +210,21 @@ class SchedulerQueues:
         for seq in group.seqs:
             self.block_manager.free(seq)
 
-    def free_finished(self) -> list[SequenceGroup]:
-        """Free the blocks of finished sequences; return the requests now done."""
-        for seq in (s for g in self.running for s in g.seqs if s.is_finished):
+    def free_finished(self, groups=None) -> list[SequenceGroup]:
+        """Free the blocks of finished sequences; return the requests now done.
+        ``groups``: the only requests that may have finished (default: every
+        running one). A request that finished while preempted (its last token
+        is read one step late with asynchronous scheduling) leaves its queue."""
+        candidates = self.running if groups is None else list(dict.fromkeys(groups))
+        for seq in (s for g in candidates for s in g.seqs if s.is_finished):
             self.block_manager.free(seq)
-        done = [g for g in self.running if g.is_finished]
-        self.running = [g for g in self.running if not g.is_finished]
+        done = [g for g in candidates if g.is_finished]
+        if done:
+            ended = set(done)
+            running = [g for g in self.running if g not in ended]
+            for group in ended.difference(self.running):
+                self.remove(group)
+            self.running = running
         return done
 
 class Growth:
@@ -200,6 +243,8 @@ class Growth:
         has not scheduled yet (so the queue before ``i`` stays as it is)."""
         bm = self.block_manager
         self._order_running()
+        if self._schedule_decodes(out, budget):
+            return budget - len(out.seqs)
         i = 0
         while i < len(self.running) and budget > 0:
             group = self.running[i]
@@ -260,7 +305,30 @@ class Admission:
             budget -= n
         return budget
 
-class Scheduler(Growth, Admission, SchedulerQueues):
+class DecodeGrowth:
+    """`Growth`'s usual step, decided at once (a piece of `Scheduler`)."""
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> bool:
+        """The usual step, decided at once: every running request is one
+        sequence with one token to compute, and the free blocks suffice for all
+        (so the loop above would preempt nobody and give each its slot in
+        turn). False, and nothing changed, otherwise."""
+        running = self.running
+        if not running or len(running) > budget:
+            return False
+        seqs = [g.seqs[0] for g in running if len(g.seqs) == 1]
+        if len(seqs) < len(running) or [
+            s for s in seqs
+            if s.finish_reason is not None or s.num_tokens - s.num_computed_tokens != 1
+        ]:  # fmt: skip
+            return False
+        if not self.block_manager.append_decode_slots(seqs):
+            return False
+        out.seqs, out.groups, out.num_new_tokens = seqs, list(running), [1] * len(seqs)
+        out.decode_only = True
+        return True
+
+class Scheduler(Growth, DecodeGrowth, Admission, SchedulerQueues):
     """Decides each step who computes how many tokens.
 
     Running requests get slots for their next tokens first, in queue order;

@@ -50,16 +50,16 @@ class EngineStats:
         all but one now copy, counts as copied, not as shared.
         """
         bm = block_manager
-        seqs = [q for g in scheduler.running for q in g.running_seqs]
         self.blocks_held_sum += bm.num_blocks - bm.num_free_blocks
         self.blocks_unshared_sum += sum(
-            len(q.block_table.blocks) for q in seqs if q.block_table is not None
-        )
+            len(q.block_table.blocks) for q in running_seqs(scheduler)
+            if q.block_table is not None
+        )  # fmt: skip
 
     def record_step(self, scheduler, block_manager) -> None:
         """Count a finished step: preemptions, copies, peaks and utilization."""
         bm = block_manager
-        seqs = [q for g in scheduler.running for q in g.running_seqs]
+        seqs = running_seqs(scheduler)
         held = bm.num_blocks - bm.num_free_blocks
         self.steps += 1
         self.preemptions = scheduler.num_preemptions
@@ -69,10 +69,13 @@ class EngineStats:
         if held:
             # Only a table's trailing blocks have empty slots; a shared block
             # is counted once (its holders see the same tokens in it).
-            empty = {
-                q.block_table.blocks[-1]: len(q.block_table.blocks) * self.block_size
-                - q.num_computed_tokens
-                for q in seqs
-                if q.block_table is not None and q.block_table.blocks
-            }
+            tables = [(q.block_table.blocks, q.num_computed_tokens) for q in seqs
+                      if q.block_table is not None and q.block_table.blocks]  # fmt: skip
+            bs = self.block_size
+            empty = {blocks[-1]: len(blocks) * bs - n for blocks, n in tables}
             self.utilization_sum += 1 - sum(empty.values()) / (held * self.block_size)
+
+
+def running_seqs(scheduler) -> list:
+    """The unfinished sequences of the scheduler's running requests."""
+    return [q for g in scheduler.running for q in g.seqs if q.finish_reason is None]

@@ -2,20 +2,32 @@
 
     python scripts/host_step_time.py                 # 128 sequences, 1,000-token prompts
     python scripts/host_step_time.py --seqs 256 --prompt-len 500
+    python scripts/host_step_time.py --seqs 256 --json out.json --async-scheduling
 
 On a GPU a decode step costs its kernels' time plus whatever the host does
 while the GPU waits: scheduling, packing the inputs, sampling's bookkeeping,
 appending tokens, freeing what finished. This measures the second part on any
 machine. `tiny-llama` serves the prompts (on the CPU); then the runner's
-forward pass is replaced by a stand-in that returns fixed logits at once, and
-the engine's decode steps are timed, whole and by phase (median of the
-repeats). The stand-in still runs the runner's copy-on-write check, as the
-graphed runner does.
+`forward` is replaced by a stand-in that returns fixed logits at once, and the
+engine's decode steps are timed, whole and by phase (median over the steps
+after the first two). Everything else runs as in a real step: the runner's
+copy-on-write check and its input packing (`prepare`) included, and the
+sampler's argmax over the stand-in's logits.
+
+With ``--async-scheduling`` the engine schedules step N+1 before it reads step
+N's tokens (vLLM's ``async_scheduling``): on a CPU, where the forward pass runs
+in the host's own thread, this reorders the same work; the figure shows that
+the reordering costs nothing. What it hides behind a GPU's step can only be
+measured on a GPU.
+
+Run it with ``OMP_NUM_THREADS=1`` on a shared machine: an operation this small
+split over two threads mostly waits for the second core.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -25,6 +37,11 @@ from pagedkv_lab import LLM, SamplingParams
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.models import load_model
 from pagedkv_lab.sampling import RequestOutputKind
+
+# The phases timed, where the engine has them (`EngineCore` method names).
+ENGINE_PHASES = ("_schedule", "_launch", "_finish", "_update_stats")
+SCHEDULER_PHASES = ("schedule", "free_finished")
+RUNNER_PHASES = ("check_writes", "pack", "prepare")
 
 
 def timed(phases: dict, obj, name: str) -> None:
@@ -41,19 +58,17 @@ def timed(phases: dict, obj, name: str) -> None:
     setattr(obj, name, wrapper)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seqs", type=int, default=128)
-    parser.add_argument("--prompt-len", type=int, default=1000)
-    parser.add_argument("--steps", type=int, default=40)
-    args = parser.parse_args()
-    n, length = args.seqs, args.prompt_len
-    # room for the tokens the first prompts decode while later ones prefill
-    max_len = length + args.steps + 256
+def decoding_engine(n: int, length: int, steps: int, async_scheduling: bool) -> LLM:
+    """An `LLM` whose ``n`` requests of ``length`` prompt tokens are all
+    decoding, with room for ``steps`` more tokens each (and some to spare)."""
+    max_len = length + steps + 256
     model, tokenizer = load_model("tiny-llama", device="cpu")
     spec = KVSpec.from_config(model.config, model.dtype)
-    llm = LLM((model, tokenizer), max_num_seqs=n, max_model_len=max_len,
-              kv_cache_memory=spec.bytes_for(2 * n * max_len))  # fmt: skip
+    settings = dict(max_num_seqs=n, max_model_len=max_len,
+                    kv_cache_memory=spec.bytes_for(2 * n * max_len))  # fmt: skip
+    if async_scheduling:
+        settings["async_scheduling"] = True
+    llm = LLM((model, tokenizer), **settings)
     params = SamplingParams(temperature=0, max_tokens=max_len - length, ignore_eos=True,
                             output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
@@ -66,25 +81,25 @@ def main() -> None:
         for s in g.seqs
     ):
         llm.step()  # the prompts, with the real model
+    return llm
 
+
+def measure(n: int, length: int, steps: int, async_scheduling: bool = False) -> dict:
+    """Milliseconds per decode step, whole and by phase (medians)."""
+    llm = decoding_engine(n, length, steps, async_scheduling)
+    gen = torch.Generator().manual_seed(1)
     logits = torch.randn(n, llm.model.config.vocab_size, generator=gen)
     runner = llm.runner
-
-    def no_model(seqs, num_new_tokens, ref_counts=None):
-        if ref_counts is not None:
-            runner.check_writes(seqs, num_new_tokens, ref_counts)
-        return logits[: len(seqs)]
-
-    runner.run = no_model
-    engine_parts = ("_forward", "_sample", "_update_stats", "_record_held_blocks")
-    scheduler_parts = ("schedule", "free_finished")
-    phases: dict[str, list[float]] = {n: [] for n in engine_parts + scheduler_parts}
-    for name in engine_parts:
-        timed(phases, llm, name)
-    for name in scheduler_parts:
-        timed(phases, llm.scheduler, name)
+    runner.forward = lambda step: logits[: len(step.logits_index)]
+    phases: dict[str, list[float]] = {}
+    for obj, names in ((llm, ENGINE_PHASES), (llm.scheduler, SCHEDULER_PHASES),
+                       (runner, RUNNER_PHASES)):  # fmt: skip
+        for name in names:
+            if hasattr(obj, name):
+                phases[name] = []
+                timed(phases, obj, name)
     whole = []
-    for _ in range(args.steps):
+    for _ in range(steps):
         for values in phases.values():
             values.append(0.0)
         t0 = time.perf_counter()
@@ -92,11 +107,29 @@ def main() -> None:
         whole.append(time.perf_counter() - t0)
         assert len(llm.last_plan.seqs) == n, "every sequence decodes every step"
     ms = lambda xs: 1e3 * statistics.median(xs[2:])  # noqa: E731 (the first steps warm up)
-    print(f"{n} sequences at {length} tokens, decode steps, no model (median ms):")
-    print(f"  whole step          {ms(whole):6.3f}")
-    for name, values in sorted(phases.items(), key=lambda kv: -ms(kv[1])):
-        print(f"  {name:19} {ms(values):6.3f}")
-    print(f"  (the rest of step)  {ms(whole) - sum(ms(v) for v in phases.values()):6.3f}")
+    return {"seqs": n, "prompt_len": length, "steps": steps,
+            "async_scheduling": async_scheduling, "whole_ms": ms(whole),
+            "phases_ms": {k: ms(v) for k, v in phases.items()}}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqs", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    r = measure(args.seqs, args.prompt_len, args.steps, args.async_scheduling)
+    mode = "async scheduling" if r["async_scheduling"] else "synchronous"
+    print(f"{r['seqs']} sequences at {r['prompt_len']} tokens, decode steps, "
+          f"no model, {mode} (median ms):")  # fmt: skip
+    print(f"  whole step          {r['whole_ms']:6.3f}")
+    for name, value in sorted(r["phases_ms"].items(), key=lambda kv: -kv[1]):
+        print(f"  {name:19} {value:6.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(r, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,11 @@ def pair():
     return load_model("tiny-llama")
 
 
-@pytest.fixture(scope="module")
-def llm(pair):
-    return LLM(pair, kv_cache_memory=2**20)
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async"])
+def llm(pair, request):
+    """The engine, stepping synchronously and with asynchronous scheduling: the
+    API behaves the same either way."""
+    return LLM(pair, kv_cache_memory=2**20, async_scheduling=request.param)
 
 
 def _hf(model, prompt, max_new_tokens, **kwargs):

@@ -242,9 +242,10 @@ def test_a_one_off_forward_fault_fails_nobody():
 
 @pytest.mark.parametrize("where", ["group", "batch"])
 def test_a_sampler_fault_fails_only_its_request_and_nothing_wedges(where, monkeypatch):
-    """The fault is in the group's own handling of its tokens, or in the batched
-    sampler whenever the bad request's rows are in the batch (then every group
-    is sampled alone, and only the bad one fails)."""
+    """The fault is in the group's own sampling hook (`sampling_rows`, which the
+    engine asks of every group that does not keep the default), or in the
+    batched sampler whenever the bad request's rows are in the batch (then
+    every group is sampled alone, and only the bad one fails)."""
     llm = _llm()
     rids = [llm.add_request([1, 5 + i], _greedy(6)) for i in range(3)]
     bad = next(g for g in llm.scheduler.waiting if g.request_id == rids[1])
@@ -253,18 +254,22 @@ def test_a_sampler_fault_fails_only_its_request_and_nothing_wedges(where, monkey
         raise FloatingPointError("injected sampler fault")
 
     if where == "group":
-        bad.accept = broken_sampler
+
+        class BrokenGroup(type(bad)):
+            sampling_rows = broken_sampler
+
+        bad.__class__ = BrokenGroup
     else:
         import pagedkv_lab.llm as llm_module
 
-        real = llm_module.sample_batch
+        real = llm_module.sample_tokens
 
-        def sample_batch(logits, seqs, eos=None):
+        def sample_tokens(logits, seqs, eos=None, batch=None):
             if any(s in bad.seqs for s in seqs):
                 broken_sampler()
-            return real(logits, seqs, eos)
+            return real(logits, seqs, eos, batch)
 
-        monkeypatch.setattr(llm_module, "sample_batch", sample_batch)
+        monkeypatch.setattr(llm_module, "sample_tokens", sample_tokens)
     outs = {o.request_id: o for o in _drain(llm)}
     assert outs[rids[1]].finish_reason == "error"
     assert "FloatingPointError: injected sampler fault" == outs[rids[1]].error
@@ -299,6 +304,8 @@ class EngineMachine(RuleBasedStateMachine):
     """Random mixes of good and bad requests, aborts, one-off and per-request
     faults, and add_request / step / generate interleavings, in tiny pools."""
 
+    async_scheduling = False
+
     @initialize(
         num_blocks=st.integers(8, 24),
         block_size=st.sampled_from([2, 4, 8]),
@@ -312,6 +319,7 @@ class EngineMachine(RuleBasedStateMachine):
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=budget,
             max_model_len=num_blocks * block_size,
+            async_scheduling=self.async_scheduling,
         )
         self.expected: dict[int, tuple | None] = {}
         self.outputs: dict[int, object] = {}
@@ -391,7 +399,10 @@ class EngineMachine(RuleBasedStateMachine):
         def broken(*args, **kwargs):
             raise RuntimeError("injected sampler fault")
 
-        group.accept = broken
+        class BrokenGroup(type(group)):
+            sampling_rows = broken
+
+        group.__class__ = BrokenGroup
         self.expected[group.request_id] = None
 
     @invariant()
@@ -418,5 +429,18 @@ class EngineMachine(RuleBasedStateMachine):
 
 TestEngineMachine = EngineMachine.TestCase
 TestEngineMachine.settings = settings(
+    max_examples=100, stateful_step_count=12, deadline=None
+)
+
+
+class AsyncEngineMachine(EngineMachine):
+    """The same, with each step scheduled before the last one's tokens are read
+    (``async_scheduling``): aborts and faults land while a step is in flight."""
+
+    async_scheduling = True
+
+
+TestAsyncEngineMachine = AsyncEngineMachine.TestCase
+TestAsyncEngineMachine.settings = settings(
     max_examples=100, stateful_step_count=12, deadline=None
 )

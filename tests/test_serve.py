@@ -103,9 +103,11 @@ def _post(server: Server, path: str, **kw) -> httpx.Response:
     return httpx.post(f"{server.url}{path}", timeout=30, **kw)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = Server(log=tmp_path_factory.mktemp("serve") / "server.log")
+@pytest.fixture(scope="module", params=[[], ["--async-scheduling"]], ids=["sync", "async"])
+def server(tmp_path_factory, request):
+    """The server, its engine stepping synchronously (a CPU's default) or with
+    asynchronous scheduling: every test below runs against both."""
+    s = Server(*request.param, log=tmp_path_factory.mktemp("serve") / "server.log")
     yield s
     assert s.stop() == 0, s.log.read_text()[-3000:]
 

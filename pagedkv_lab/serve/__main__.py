@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument("--device", default=None)
     engine.add_argument("--enforce-eager", action="store_true")
+    engine.add_argument(
+        "--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+        help="schedule each step before the last one's tokens are read "
+        "(default: on a GPU only)",
+    )  # fmt: skip
     server = p.add_argument_group("server")
     server.add_argument(
         "--max-waiting", type=int, default=None,
@@ -125,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             device=args.device,
             enforce_eager=args.enforce_eager,
+            async_scheduling=args.async_scheduling,
         )
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
