@@ -304,13 +304,13 @@ class EngineArgs:
         return runner(model, num_blocks, self.block_size, max_model_len)
 
     def use_async_scheduling(self, runner, block_manager) -> bool:
-        """Whether the engine schedules a step ahead (``async_scheduling``; by
-        default where the runner's device is a GPU). Refused with a block
-        manager that registers blocks for the prefix cache when they are
-        scheduled: it would key a block by tokens the host does not have yet."""
-        wanted = self.async_scheduling
-        if wanted is None:
-            wanted = runner.device.type == "cuda"
+        """Whether the engine schedules a step ahead (``async_scheduling=True``).
+        Off by default: the overlap pays only on a GPU, and no GPU run has yet
+        checked it there against the synchronous loop (``tests/test_gpu.py``
+        does, in ``scripts/gpu_check.sh``). Refused with a block manager that
+        registers blocks for the prefix cache when they are scheduled: it would
+        key a block by tokens the host does not have yet."""
+        wanted = bool(self.async_scheduling)
         if wanted and getattr(block_manager, "register", None) == "scheduled":
             if self.async_scheduling:
                 raise ValueError(

@@ -287,6 +287,32 @@ def test_graphed_decode_equals_eager_and_generate():
     assert outputs[False] == expected
 
 
+def test_one_step_in_flight_equals_the_synchronous_loop_on_cuda():
+    """``async_scheduling=True`` (step N+1 planned and launched before step N's
+    tokens reach the host) gives the tokens of the plain loop, graphed, with a
+    pool small enough to preempt, greedy and seeded; every block comes back."""
+    reference, _ = load_model("tiny-llama", device="cuda")
+    batch = prompts([3, 17, 30, 9, 44, 1, 25, 60, 12, 33, 5, 70, 16], 7)
+    budget = KVSpec.from_config(reference.config, torch.float32).bytes_per_token
+    params = [SamplingParams(temperature=0, max_tokens=4 + 3 * (i % 5), ignore_eos=True)
+              for i in range(len(batch))]  # fmt: skip
+    params += [SamplingParams(temperature=1.0, top_k=40, max_tokens=9, seed=i)
+               for i in range(4)]  # fmt: skip
+    batch += batch[:4]
+    outputs = {}
+    for in_flight in (False, True):
+        llm = LLM("tiny-llama", device="cuda", dtype=torch.float32, block_size=4,
+                  kv_cache_memory=160 * budget, async_scheduling=in_flight)  # fmt: skip
+        assert llm.async_scheduling == in_flight
+        outs = llm.generate(batch, params, use_tqdm=False)
+        outputs[in_flight] = [o.outputs[0].token_ids for o in outs]
+        assert llm.block_manager.num_free_blocks == llm.stats.num_blocks
+    assert outputs[True] == outputs[False]
+    expected = [greedy_alone(reference, p, sp.max_tokens)
+                for p, sp in zip(batch, params) if sp.temperature == 0]  # fmt: skip
+    assert outputs[True][: len(expected)] == expected
+
+
 def test_a_decode_step_waits_only_for_its_tokens():
     """In a graphed decode step the host waits for the GPU once: the transfer
     of the sampled tokens (CUDA's sync debug mode warns at every wait)."""
