@@ -61,5 +61,6 @@ def plot_claims(shares, multiples, verdict_of, *, title: str, multiple_label: st
     ]
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    top = 0.95 - 0.035 * title.count("\n")  # room for each line of the title
+    fig.tight_layout(rect=(0, 0.08, 1, top))
     return fig

@@ -350,7 +350,7 @@ CLAIMS: dict[str, Claim] = {
                     'section "The Free Block List" ("Why LIFO, Not FIFO?")',
                 ),
             ),
-            ("03", "10", "11"),
+            ("03", "11"),
         ),
         Claim(
             "S6",
@@ -452,7 +452,7 @@ class Trap:
 
     def sources_text(self) -> str:
         if not self.quotes:
-            return "in none of the circulating explanations the course answers"
+            return "none of the circulating explanations the course answers"
         return "; ".join(q.source.text() for q in self.quotes)
 
 

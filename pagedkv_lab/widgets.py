@@ -929,7 +929,7 @@ def draw_pools(ax, frame: dict, columns: int = 12) -> None:
                     (x0 + c + 0.05, rows - 1 - r + 0.05), 0.9, 0.9, fc=color, ec="white"
                 )
             )
-        ax.text(x0 + columns / 2, rows + 0.3, f"{name} pool", ha="center", fontsize=8)
+        ax.text(x0 + columns / 2, rows + 0.3, f"{name} pool", ha="center", fontsize=9)
     ax.set_xlim(0, 2 * columns + 2)
     ax.set_ylim(0, max(-(-len(frame["device"]) // columns), 1) + 1)
     ax.set_aspect("equal")

@@ -415,9 +415,12 @@ def print_serve_table(rows: list[dict], title: str | None = None) -> None:
     for r in rows:
         if "batch_sizes" in r:
             sizes = r["batch_sizes"]
+            batches = "batch" if len(sizes) == 1 else "batches"
+            lo, hi = min(sizes), max(sizes)
+            span = f"{lo}" if lo == hi else f"{lo}-{hi}"
             print(
-                f"{r['system']}: {len(sizes)} static batches of {min(sizes)}-"
-                f"{max(sizes)} requests, sized by the KV budget"
+                f"{r['system']}: {len(sizes)} static {batches} of {span} "
+                "requests, sized by the KV budget"
             )
         if "versions" in r:
             print(
