@@ -226,13 +226,13 @@ def gqa_bars(ax, names, actual_kib, mha_kib, group) -> None:
     ax.barh(y + 0.2, actual_kib, height=0.4, color=COLORS["used"], label="as shipped")
     for i, (v, g) in enumerate(zip(actual_kib, group)):
         note = f"{v:.0f} KiB" + (f", {g}x less" if g > 1 else ", no GQA")
-        ax.text(v * 1.08, i + 0.2, note, va="center", fontsize=8)
+        ax.text(v * 1.08, i + 0.2, note, va="center", fontsize=9)
     ax.set_yticks(list(y), names)
     ax.set_xscale("log")
     _fit_xlim_to_texts(ax, right=max(mha_kib) * 1.1)
     ax.invert_yaxis()
     ax.set_xlabel("KV cache per token, fp16 (KiB, log scale)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=9)
 
 
 def capacity_heatmap(ax, fit, rows, cols, *, no_fit: int = -1):
@@ -264,7 +264,7 @@ def capacity_heatmap(ax, fit, rows, cols, *, no_fit: int = -1):
         loc="upper center",
         bbox_to_anchor=(0.5, -0.08),
         ncol=2,
-        fontsize=8,
+        fontsize=9,
     )
     return image
 
