@@ -408,10 +408,11 @@ def draw_block_table(
     shown = table[:max_rows]
     top = max_rows
     ax.set_xlim(-0.2, 2.6)
-    ax.set_ylim(-1.2, top + 1.6)
-    ax.text(1.2, top + 0.9, f"block table of\nrequest {rid}", ha="center", fontsize=9)
-    for x, text in ((0.5, "logical"), (1.7, "physical")):
-        ax.text(x, top + 0.15, text, ha="center", fontsize=8, color="#555555")
+    ax.set_ylim(-1.2, top + 3.2)
+    ax.text(1.2, top + 1.6, f"block table of\nrequest {rid}", ha="center", fontsize=9)
+    # the column heads on two lines: side by side they would overlap
+    for x, y, text in ((0.5, 0.15, "logical"), (1.7, 0.85, "physical")):
+        ax.text(x, top + y, text, ha="center", fontsize=8, color="#555555")
     for i, block in enumerate(shown):
         y = top - 1 - i
         ax.add_patch(plt.Rectangle((0.1, y + 0.05), 0.8, 0.9, fc="white", ec="#999999"))
@@ -535,9 +536,11 @@ def draw_slot_mapping(
         ax.add_patch(plt.Rectangle((x - 2.5, 3), 5, 1, fc="white", ec="#999999"))
         ax.text(x, 3.5, str(slot), ha="center", va="center", fontsize=9)
         ax.text(x, 4.3, label, ha="center", fontsize=9)
-        # Down from the label, across at a height of its own, then straight down
-        # into the slot: arrows into neighbouring slots stay apart.
-        turn = 2.6 - 1.2 * k / max(len(slots) - 1, 1)
+        # Down from the label, across at a height of its own (higher for labels
+        # further right, so that no arrow crosses another while labels and slots
+        # run in the same order), then straight down: neighbouring slots' arrows
+        # stay apart.
+        turn = 1.4 + 1.2 * k / max(len(slots) - 1, 1)
         ax.plot([x, x, slot + 0.5], [3, turn, turn], color=COLORS["used"], lw=0.9)
         ax.annotate(
             "",
