@@ -844,7 +844,7 @@ def merge_segments(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype):
 #: Decode's 128 keys per tile won a sweep on an H100 (`scripts/kernel_ladder.py
 #: --sections tune`, bf16, Llama-3-8B's heads); prefill's is a first guess.
 TILE_SIZES = {"decode": (16, 128), "prefill": (64, 64)}
-#: The same before Ampere (a T4 is sm_75): 64 KiB of shared memory per
+#: Before Ampere (a T4 is sm_75): 64 KiB of shared memory per
 #: multiprocessor, which one 128-key K tile and one V tile of head_dim 128 in
 #: fp16 (32 KiB each) would fill alone. Halved by that arithmetic, not measured.
 TILE_SIZES_PRE_AMPERE = {"decode": (16, 64), "prefill": (32, 64)}

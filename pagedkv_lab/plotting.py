@@ -25,6 +25,7 @@ from __future__ import annotations
 import matplotlib as mpl
 import numpy as np
 from matplotlib.colors import LogNorm
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 #: Memory states and their colours (Okabe-Ito palette).
@@ -197,6 +198,20 @@ def split_bars(ax, rows, kinds, colors, *, hatches=None) -> None:
 # Chapter 01 -------------------------------------------------------------------
 
 
+def _fit_xlim_to_texts(ax, *, right: float) -> None:
+    """Set the right x limit to the larger of ``right`` and the right edge of the
+    axis's texts (measured after layout; twice, as the limit moves the texts)."""
+    ax.set_xlim(right=right)
+    renderer = ax.figure.canvas.get_renderer()
+    for _ in range(2):
+        to_data = ax.transData.inverted()
+        edges = [
+            to_data.transform((t.get_window_extent(renderer).x1, 0))[0]
+            for t in ax.texts
+        ]
+        ax.set_xlim(right=max([right, *edges]) * 1.05)
+
+
 def gqa_bars(ax, names, actual_kib, mha_kib, group) -> None:
     """Each model's KV bytes per token as shipped and as it would be with one KV
     head per query head (log scale), labelled with the GQA factor; legend below."""
@@ -211,13 +226,13 @@ def gqa_bars(ax, names, actual_kib, mha_kib, group) -> None:
     ax.barh(y + 0.2, actual_kib, height=0.4, color=COLORS["used"], label="as shipped")
     for i, (v, g) in enumerate(zip(actual_kib, group)):
         note = f"{v:.0f} KiB" + (f", {g}x less" if g > 1 else ", no GQA")
-        ax.text(v * 1.08, i + 0.2, note, va="center", fontsize=8)
+        ax.text(v * 1.08, i + 0.2, note, va="center", fontsize=9)
     ax.set_yticks(list(y), names)
     ax.set_xscale("log")
-    ax.set_xlim(right=max(mha_kib) * 8)
+    _fit_xlim_to_texts(ax, right=max(mha_kib) * 1.1)
     ax.invert_yaxis()
     ax.set_xlabel("KV cache per token, fp16 (KiB, log scale)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=9)
 
 
 def capacity_heatmap(ax, fit, rows, cols, *, no_fit: int = -1):
@@ -235,7 +250,7 @@ def capacity_heatmap(ax, fit, rows, cols, *, no_fit: int = -1):
             v = fit[i, j]
             label = "weights\ndon't fit" if v == no_fit else f"{v:,}"
             color = "white" if v > 300 else ("#B00000" if v == 0 else "black")
-            ax.text(j, i, label, ha="center", va="center", fontsize=7, color=color)
+            ax.text(j, i, label, ha="center", va="center", fontsize=10, color=color)
     ax.set_xticks(range(len(cols)), cols)
     ax.set_yticks(range(len(rows)), rows)
     ax.grid(False)
@@ -249,7 +264,7 @@ def capacity_heatmap(ax, fit, rows, cols, *, no_fit: int = -1):
         loc="upper center",
         bbox_to_anchor=(0.5, -0.08),
         ncol=2,
-        fontsize=8,
+        fontsize=9,
     )
     return image
 
@@ -291,7 +306,19 @@ def sigma_figure(ax, sigmas, measured: dict, paper: dict, predicted=None) -> Non
         )
     ax.set_xlabel("σ of log output length (W1 uses 0.8)")
     ax.set_ylabel("pool holding K/V (%)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8)
+    handles, _ = ax.get_legend_handles_labels()
+    handles.append(
+        Line2D(
+            [], [], color="#555555", ls=":", lw=1, label="paper (Fig. 2), per policy"
+        )
+    )
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.22),
+        ncol=3,
+        fontsize=9,
+    )
 
 
 def recompute_steps(ax, results: dict, rates) -> None:

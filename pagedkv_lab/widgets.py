@@ -251,23 +251,40 @@ def paged_trace_frames(
 OWNER_COLORS = REQUEST_COLORS
 
 
+#: The fill of the blocks of the one request a drawing singles out: near-black,
+#: unlike every request colour.
+HIGHLIGHT_COLOR = "#1a1a1a"
+
+
 def owner_color(rid: int) -> str:
     """The colour a request's blocks are drawn in."""
     return request_color(rid)
 
 
 def _draw_block(
-    ax, x, y, w, h, owner, filled, block_size, label=None, size=6, will_fill=None
+    ax,
+    x,
+    y,
+    w,
+    h,
+    owner,
+    filled,
+    block_size,
+    label=None,
+    size=6,
+    will_fill=None,
+    color=None,
 ):
     """One block: grey when free; else the owner's colour over its filled slots,
     then its empty slots hatched in the states' colours: ``reserved`` up to
     ``will_fill`` (the slots the request fills before it ends; all of them when
     unknown, as a running request's tail is reserved for its next tokens) and
-    ``internal`` past it."""
+    ``internal`` past it. ``color`` overrides the owner's colour. The label is
+    white only on a full block, dark where hatching or white shows behind it."""
     if owner is None:
         ax.add_patch(plt.Rectangle((x, y), w, h, fc=COLORS["free"], ec="white", lw=0.5))
     else:
-        color = owner_color(owner)
+        color = owner_color(owner) if color is None else color
         will_fill = block_size if will_fill is None else max(filled, will_fill)
         ax.add_patch(plt.Rectangle((x, y), w, h, fc="white", ec=color, lw=0.8))
         for state, a, b in (
@@ -289,7 +306,7 @@ def _draw_block(
         part = w * filled / block_size
         ax.add_patch(plt.Rectangle((x, y), part, h, fc=color, ec=color, lw=0.8))
     if label is not None:
-        dark = owner is not None and filled > block_size / 2
+        dark = owner is not None and filled >= block_size
         ax.text(
             x + w / 2,
             y + h / 2,
@@ -324,7 +341,9 @@ def block_legend_handles(highlight: bool = False, never_used: bool = True) -> li
     if not never_used:
         del handles[2]
     if highlight:
-        handles.append(Patch(fc="none", ec="black", lw=1.5, label="the request shown"))
+        handles.append(
+            Patch(fc=HIGHLIGHT_COLOR, ec="black", lw=1.5, label="the request shown")
+        )
     return handles
 
 
@@ -336,7 +355,7 @@ def draw_block_grid(
     columns: int = 16,
     highlight: int | None = None,
     ids: bool = True,
-    fontsize: float = 6,
+    fontsize: float = 8,
 ) -> None:
     """Draw physical blocks as a grid, block 0 top left, each labelled with its id.
 
@@ -344,7 +363,7 @@ def draw_block_grid(
     tokens in it, tokens it will hold)`` (`PagedPool.layout`). A held block is
     drawn in the request's colour over its filled slots and hatched over its
     empty ones (see `_draw_block`); free blocks are grey. Blocks of request
-    ``highlight`` get a black outline.
+    ``highlight`` are drawn in `HIGHLIGHT_COLOR` with a black outline.
     """
     rows = -(-num_blocks // columns)
     for block in range(num_blocks):
@@ -352,11 +371,13 @@ def draw_block_grid(
         x, y = col + 0.04, rows - 1 - row + 0.04
         owner, filled, *rest = owners.get(block, (None, 0))
         label = str(block) if ids else None
+        shown = highlight is not None and owner == highlight
         _draw_block(
             ax, x, y, 0.92, 0.92, owner, filled, block_size, label, fontsize,
             will_fill=rest[0] if rest else None,
+            color=HIGHLIGHT_COLOR if shown else None,
         )  # fmt: skip
-        if highlight is not None and owner == highlight:
+        if shown:
             ax.add_patch(
                 plt.Rectangle((x, y), 0.92, 0.92, fill=False, ec="black", lw=1.5)
             )
@@ -387,22 +408,23 @@ def draw_block_table(
     shown = table[:max_rows]
     top = max_rows
     ax.set_xlim(-0.2, 2.6)
-    ax.set_ylim(-1.2, top + 1.6)
-    ax.text(1.2, top + 0.9, f"block table of\nrequest {rid}", ha="center", fontsize=8)
-    for x, text in ((0.5, "logical"), (1.7, "physical")):
-        ax.text(x, top + 0.15, text, ha="center", fontsize=6, color="#555555")
+    ax.set_ylim(-1.2, top + 3.2)
+    ax.text(1.2, top + 1.6, f"block table of\nrequest {rid}", ha="center", fontsize=9)
+    # the column heads on two lines: side by side they would overlap
+    for x, y, text in ((0.5, 0.15, "logical"), (1.7, 0.85, "physical")):
+        ax.text(x, top + y, text, ha="center", fontsize=8, color="#555555")
     for i, block in enumerate(shown):
         y = top - 1 - i
         ax.add_patch(plt.Rectangle((0.1, y + 0.05), 0.8, 0.9, fc="white", ec="#999999"))
-        ax.text(0.5, y + 0.5, str(i), ha="center", va="center", fontsize=7)
+        ax.text(0.5, y + 0.5, str(i), ha="center", va="center", fontsize=8)
         _, filled, *rest = owners.get(block, (rid, block_size))
         _draw_block(
-            ax, 1.3, y + 0.05, 0.8, 0.9, rid, filled, block_size, str(block), 7,
-            will_fill=rest[0] if rest else None,
+            ax, 1.3, y + 0.05, 0.8, 0.9, rid, filled, block_size, str(block), 8,
+            will_fill=rest[0] if rest else None, color=HIGHLIGHT_COLOR,
         )  # fmt: skip
     if len(table) > max_rows:
         more = len(table) - max_rows
-        ax.text(1.2, -0.6, f"... {more} more", ha="center", fontsize=7)
+        ax.text(1.2, -0.6, f"... {more} more", ha="center", fontsize=8)
     ax.set_aspect("equal")
     ax.axis("off")
 
@@ -417,7 +439,9 @@ def draw_paging_diagram(
 
     ``tables`` maps a sequence name to ``(block table, tokens held)``. Left: each
     sequence's logical blocks, filled as far as its tokens reach, with its block
-    table underneath; right: the physical blocks; an arrow per table entry.
+    table underneath; right: the physical blocks; an arrow per table entry, which
+    leaves the entry's bottom edge, runs in the gap under its table and in a lane
+    of its own to the physical block, so that it crosses no cell.
     """
     owners = {}
     for k, (blocks, n) in enumerate(tables.values()):
@@ -428,30 +452,48 @@ def draw_paging_diagram(
         owner, filled = owners.get(b, (None, 0))
         y = num_blocks - 1 - b
         _draw_block(ax, right, y + 0.1, 1.6, 0.8, owner, filled, block_size)
-        ax.text(right + 1.8, y + 0.5, f"block {b}", va="center", fontsize=7)
-    ax.text(right + 0.8, num_blocks + 0.2, "physical blocks", ha="center", fontsize=8)
+        ax.text(right + 1.8, y + 0.5, f"block {b}", va="center", fontsize=9)
+    ax.text(right + 0.8, num_blocks + 0.2, "physical blocks", ha="center", fontsize=9)
     row_height = num_blocks / len(tables)
+    widest = max(len(blocks) for blocks, _ in tables.values()) * 1.2
+    entries = sum(len(blocks) for blocks, _ in tables.values())
+    lane_step = (right - 0.3 - widest) / max(entries, 1)
+    lane = 0
     for k, (name, (blocks, n)) in enumerate(tables.items()):
         y = num_blocks - (k + 0.5) * row_height
-        ax.text(0, y + 1.3, f"{name}: {n} tokens", fontsize=8, va="bottom")
+        ax.text(0, y + 1.3, f"{name}: {n} tokens", fontsize=9, va="bottom")
         for i, b in enumerate(blocks):
             filled = min(block_size, n - i * block_size)
-            _draw_block(ax, i * 1.2, y, 1.0, 1.0, k, filled, block_size, f"L{i}", 7)
+            _draw_block(ax, i * 1.2, y, 1.0, 1.0, k, filled, block_size, f"L{i}", 9)
             ax.add_patch(
                 plt.Rectangle((i * 1.2, y - 1.1), 1.0, 0.9, fc="white", ec="#999999")
             )
             ax.text(
-                i * 1.2 + 0.5, y - 0.65, str(b), ha="center", va="center", fontsize=7
+                i * 1.2 + 0.5, y - 0.65, str(b), ha="center", va="center", fontsize=9
+            )
+        # Later entries turn right higher up and into lanes further left, so that
+        # no two arrows of one table cross under it.
+        for i, b in reversed(list(enumerate(blocks))):
+            turn = y - 1.3 - 0.2 * (len(blocks) - 1 - i)
+            x_lane = widest + 0.3 + lane_step * (lane + 0.5)
+            target = num_blocks - 1 - b + 0.5
+            color = owner_color(k)
+            ax.plot(
+                [i * 1.2 + 0.5, i * 1.2 + 0.5, x_lane, x_lane],
+                [y - 1.1, turn, turn, target],
+                color=color,
+                lw=0.9,
             )
             ax.annotate(
                 "",
-                xy=(right, num_blocks - 1 - b + 0.5),
-                xytext=(i * 1.2 + 1.0, y - 0.65),
-                arrowprops={"arrowstyle": "->", "color": owner_color(k), "lw": 0.8},
+                xy=(right, target),
+                xytext=(x_lane, target),
+                arrowprops={"arrowstyle": "->", "color": color, "lw": 0.9},
             )
+            lane += 1
         for text, dy in (("logical blocks", 0.5), ("block table", -0.65)):
-            ax.text(-0.2, y + dy, text, ha="right", va="center", fontsize=7)
-    ax.set_xlim(-2.2, right + 3.2)
+            ax.text(-0.2, y + dy, text, ha="right", va="center", fontsize=9)
+    ax.set_xlim(-2.8, right + 3.6)
     ax.set_ylim(-0.5, num_blocks + 1)
     ax.axis("off")
 
@@ -464,7 +506,8 @@ def draw_slot_mapping(
     block_size: int,
 ) -> None:
     """The cache's slots as one strip, block by block, and an arrow from each entry
-    of a slot mapping (``slots``, tokens named by ``labels``) to the slot it writes."""
+    of a slot mapping (``slots``, tokens named by ``labels``) to the slot it writes,
+    each turning at a height of its own."""
     total = num_blocks * block_size
     for b in range(num_blocks):
         ax.add_patch(
@@ -473,8 +516,8 @@ def draw_slot_mapping(
             )
         )
         first = b * block_size
-        label = f"block {b}\n{first}-{first + block_size - 1}"
-        ax.text((b + 0.5) * block_size, -0.3, label, ha="center", va="top", fontsize=7)
+        label = f"{b}\n{first}–{first + block_size - 1}"
+        ax.text((b + 0.5) * block_size, -0.3, label, ha="center", va="top", fontsize=9)
     for s in range(total):
         written = s in slots
         ax.add_patch(
@@ -491,16 +534,29 @@ def draw_slot_mapping(
     for k, (slot, label) in enumerate(zip(slots, labels)):
         x = step * (k + 1)
         ax.add_patch(plt.Rectangle((x - 2.5, 3), 5, 1, fc="white", ec="#999999"))
-        ax.text(x, 3.5, str(slot), ha="center", va="center", fontsize=7)
-        ax.text(x, 4.3, label, ha="center", fontsize=7)
+        ax.text(x, 3.5, str(slot), ha="center", va="center", fontsize=9)
+        ax.text(x, 4.3, label, ha="center", fontsize=9)
+        # Down from the label, across at a height of its own (higher for labels
+        # further right, so that no arrow crosses another while labels and slots
+        # run in the same order), then straight down: neighbouring slots' arrows
+        # stay apart.
+        turn = 1.4 + 1.2 * k / max(len(slots) - 1, 1)
+        ax.plot([x, x, slot + 0.5], [3, turn, turn], color=COLORS["used"], lw=0.9)
         ax.annotate(
             "",
             xy=(slot + 0.5, 0.95),
-            xytext=(x, 3),
-            arrowprops={"arrowstyle": "->", "color": COLORS["used"], "lw": 0.8},
+            xytext=(slot + 0.5, turn),
+            arrowprops={
+                "arrowstyle": "-|>",
+                "mutation_scale": 8,
+                "color": COLORS["used"],
+                "lw": 0.9,
+                "shrinkA": 0,
+                "shrinkB": 0,
+            },
         )
-    ax.text(0, 4.3, "slot mapping", fontsize=8, ha="left")
-    ax.text(-1, -0.3, "slots", ha="right", va="top", fontsize=7)
+    ax.text(0, 4.3, "slot mapping", fontsize=9, ha="left")
+    ax.text(-1, -0.3, "block\nslots", ha="right", va="top", fontsize=9)
     ax.set_xlim(-5, total + 1)
     ax.set_ylim(-1.8, 5)
     ax.axis("off")
