@@ -54,7 +54,7 @@ def plot_first_kernel_walk(lens, tables, block_size: int, pool: int, pick=(1, 0)
     ax_grid.set_yticks([seqs_shown - 0.56 - s for s in range(seqs_shown)],
                        [f"seq {s}" for s in range(seqs_shown)])  # fmt: skip
     ax_grid.grid(False)
-    ax_grid.set_title("the grid: one program per\n(sequence, KV head, partition)")
+    ax_grid.set_title("the grid: one program per\n(sequence, KV head); one partition each here")
     seq = pick[0]
     n_blocks = -(-int(lens[seq]) // block_size)
     row = [int(b) for b in tables[seq, :n_blocks]]
@@ -176,6 +176,7 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     its time over the bar's baseline."""
     rows = [r for r in rows if r["kind"] == kind]
     drawn = set()  # the bar colours used, so that the legend names only those
+    unmeasured = False
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     rungs = sorted({r["rung"] for r in rows})
     ncols = 2 if len(shapes) == 4 else len(shapes)  # four panels: two rows of two
@@ -194,12 +195,13 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
             r = mine[i]
             value = r.get("GBps") if kind == "decode" else r.get(ratio_key)
             if not r.get("measured") or value is None:
-                note = "not yet measured\non a GPU"
+                unmeasured = True
+                note = "n/m"  # the legend says what it stands for
                 if r.get("at_least"):
                     note = f">= {r['at_least']:.2f}x\n(sweep's best)"
                 low = top * 0.03 if kind == "decode" else 1.32  # above the lines
-                ax.text(i, low, note, rotation=90, ha="center", va="bottom",
-                        fontsize=6.5, color="#555555")  # fmt: skip
+                ax.text(i, low, note, rotation=90 if r.get("at_least") else 0,
+                        ha="center", va="bottom", fontsize=8, color="#555555")  # fmt: skip
                 continue
             color = MEASURED_LAUNCHED if r.get("timed") == "launched" else MEASURED_KERNEL
             ax.bar(i, value, color=color, width=0.7)
@@ -235,6 +237,9 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     if kind == "prefill":
         handles.append(plt.Line2D([], [], color="black", ls=":", lw=1))
         labels.append(f"goal: {PREFILL_GOAL_OVER_SDPA}x (geometric mean)")
+    if unmeasured:
+        handles.append(plt.Line2D([], [], ls="none"))
+        labels.append("n/m: not yet measured on a GPU")
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
                bbox_to_anchor=(0.5, -0.02))  # fmt: skip
     if title:
