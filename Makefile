@@ -45,10 +45,12 @@ test-chapters: $(BASE)/python  ## every chapter under strict nbval, in a venv wi
 	$(BASE)/python scripts/check_base_install.py
 	$(BASE)/python -m pytest $(NBVAL) notebooks -q
 
-# transformers 5.17 wants huggingface-hub < 2; both go into .floor/, in front of .venv's.
+# transformers 5.17 wants huggingface-hub < 2, which speaks httpx (newer hubs and openai
+# moved to httpx2); all of them go into .floor/, in front of .venv's.
 test-floor: setup  ## the unit tests again, on the lowest transformers the package allows
 	$(BIN)/pip install -q --no-deps --upgrade --target .floor \
-	  "transformers==$(TRANSFORMERS_FLOOR)" "huggingface-hub>=1.5,<2"
+	  "transformers==$(TRANSFORMERS_FLOOR)" "huggingface-hub>=1.5,<2" \
+	  "httpx>=0.23,<1" "httpcore>=1,<2"
 	PYTHONPATH=.floor $(BIN)/python -m pytest tests -q
 
 lab: setup  ## open the chapters in JupyterLab (with jupyterlab-myst, so MyST roles render)
