@@ -722,14 +722,14 @@ def draw_beam_frame(
                 ax.add_patch(plt.Rectangle((i, y), 0.92, 0.8, fill=False, **style))
             # the id on a white label: readable over any fill and outline
             ax.text(
-                i + 0.46, y + 0.4, str(block), ha="center", va="center", fontsize=7,
+                i + 0.46, y + 0.4, str(block), ha="center", va="center", fontsize=9,
                 color="#222222",
                 bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none"),
             )  # fmt: skip
         ended = beam in frame["dropped"]
         ax.text(
             -0.2, y + 0.4, f"beam {beam}" + (" (ends)" if ended else ""),
-            ha="right", va="center", fontsize=7,
+            ha="right", va="center", fontsize=9,
             color="#999999" if ended else "#222222",
         )  # fmt: skip
     ax.set_xlim(-2.6, width)

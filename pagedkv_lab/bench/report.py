@@ -573,7 +573,7 @@ def plot_latency_vs_rate(rate: dict, path: str | None = None):
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalised latency (s/token)")
     ax.set_title(f"{rate['model']}, {rate['requests']} requests, Poisson arrivals")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=120)
