@@ -195,6 +195,8 @@ def fused_unsupported_reason(model: PreTrainedModel) -> str | None:
     config = model.config
     if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
         return "rotary embeddings over part of the head"
+    if getattr(inner.rotary_emb, "rope_type", "default") in ("dynamic", "longrope"):
+        return "a RoPE whose frequencies change with the sequence's length"
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         projections = [
@@ -211,6 +213,27 @@ def fused_unsupported_reason(model: PreTrainedModel) -> str | None:
             if not hasattr(norm, "variance_epsilon"):
                 return f"a norm that is not RMSNorm ({type(norm).__name__})"
     return None
+
+def rope_cos_sin(rotary: nn.Module, positions: torch.Tensor, dtype: torch.dtype):
+    """RoPE's cos and sin ``[tokens, head_dim]`` at ``positions``, from the
+    model's rotary module's frequencies and scaling, as transformers computes
+    them (an outer product in fp32), whatever its version does in ``forward``
+    (5.17 used a matmul: one more GEMM a step in `count_ops`)."""
+    freqs = positions[:, None].float() * rotary.inv_freq.float()[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    scale = rotary.attention_scaling
+    return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
+
+
+def rotary_gemms(model: PreTrainedModel) -> int:
+    """GEMMs the model's own rotary module runs for RoPE's angles, once a step
+    and outside the layers (beside the LM head's): 1 in transformers 5.17,
+    whose ``forward`` takes a matmul, 0 where it takes an outer product."""
+    x = torch.zeros(1, dtype=model.dtype, device=model.device)
+    positions = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+    with count_ops() as counts:
+        model.model.rotary_emb(x, positions)
+    return sum(counts[op] for op in GEMM_OPS)
 
 #: Qwen3's per-head RMSNorms: weights ``[2, head_dim]`` (q's, then k's) and epsilon.
 QKNorm = tuple[torch.Tensor, float]
@@ -720,8 +743,7 @@ class FusedModelRunner(ModelRunner):
         ops, heads, tokens = self.ops, self.heads, len(step.input_ids)
         # the residual stream: each layer adds its two outputs to it in place
         x = self.embed(step.input_ids)
-        cos, sin = self.rotary(x, step.positions[None])
-        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        cos, sin = rope_cos_sin(self.rotary, step.positions, x.dtype)
         h = ops.add_rms_norm(x, None, self.layers[0].input_norm)
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(h).view(tokens, -1, self.head_dim)
