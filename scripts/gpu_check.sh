@@ -128,6 +128,11 @@ if wants nanovllm; then
     run_step "bench nanovllm $model" "$OUT/nanovllm/$model.txt" \
       "$PY" -m pagedkv_lab.bench nanovllm --model "$model" --json "$OUT/nanovllm/$model.json"
   done
+  # the same run with one step in flight, to decide async_scheduling's default
+  model=${NANOVLLM_MODELS%% *}
+  run_step "bench nanovllm $model async" "$OUT/nanovllm/$model-async.txt" \
+    "$PY" -m pagedkv_lab.bench nanovllm --model "$model" --async-scheduling --no-peers \
+    --json "$OUT/nanovllm/$model-async.json"
 fi
 
 # 3. every chapter, executed with GPU sizes, into the report (not in place)
@@ -156,6 +161,7 @@ fi
 # The whole script's expected steps, to tell "every step passed" from "so far".
 expected="versions,pytest test_gpu + test_attention,kernel ladder,decode floor"
 for model in $NANOVLLM_MODELS; do expected="$expected,bench nanovllm $model"; done
+expected="$expected,bench nanovllm ${NANOVLLM_MODELS%% *} async"
 for n in $ALL_CHAPTERS; do
   for nb in notebooks/${n}_*.ipynb; do
     [ -e "$nb" ] && expected="$expected,notebook $(basename "$nb" .ipynb)"

@@ -19,6 +19,7 @@ The keys, and where each comes from:
 - ``decode_step_over_floor``: `decode_floor.py`'s graphed decode step over its
   physical floor (weights + K/V bytes over the measured copy bandwidth);
 - ``nanovllm_bench_tok_s``: ``bench nanovllm`` tokens/s by model;
+- ``nanovllm_async_over_sync``: the same with one step in flight, over without;
 - ``gpu_check``: whether every step of the whole script passed, and its seconds.
 """
 
@@ -83,12 +84,16 @@ def targets(folder: Path, expected_steps: list[str] | None = None) -> dict:
     if decode:
         out["decode_step_model"] = decode.get("model")
 
-    bench = {}
+    bench, in_flight = {}, {}
     for path in sorted((folder / "nanovllm").glob("*.json")):
         result = _read_json(path) or {}
         if "tok_s" in result:
-            bench[result.get("model", path.stem)] = result["tok_s"]
+            mode = in_flight if result.get("async_scheduling") else bench
+            mode[result.get("model", path.stem)] = result["tok_s"]
     put("nanovllm_bench_tok_s", bench or None, "no nanovllm/*.json with tok_s")
+    ratios = {m: t / bench[m] for m, t in in_flight.items() if bench.get(m)}
+    put("nanovllm_async_over_sync", ratios or None,
+        "no nanovllm run with --async-scheduling beside one without")  # fmt: skip
 
     steps = read_steps(folder)
     ran = {s["name"] for s in steps}

@@ -44,6 +44,8 @@ def report(tmp_path):
     decode = {"floor_ms": 10.0, "systems": {"pagedkv": {"decode_ms": 12.5}}, "model": "Llama-3-8B"}
     (tmp_path / "decode" / "results.json").write_text(json.dumps(decode))
     (tmp_path / "nanovllm" / "a.json").write_text(json.dumps({"model": "Qwen3-0.6B", "tok_s": 9000.0}))
+    in_flight = {"model": "Qwen3-0.6B", "tok_s": 9900.0, "async_scheduling": True}
+    (tmp_path / "nanovllm" / "b.json").write_text(json.dumps(in_flight))
     (tmp_path / "steps.tsv").write_text("versions\tpass\t3\tversions.txt\nkernel ladder\tpass\t300\tkernels.txt\n")
     return tmp_path
 
@@ -56,6 +58,7 @@ def test_figures_come_from_the_files(report):
     assert t["prefill_engine_over_hf_forward"] == 1.2
     assert t["decode_step_over_floor"] == 1.25
     assert t["nanovllm_bench_tok_s"] == {"Qwen3-0.6B": 9000.0}
+    assert t["nanovllm_async_over_sync"] == {"Qwen3-0.6B": 1.1}
     assert t["gpu"] == "NVIDIA H100 80GB HBM3" and t["missing"] == {}
     assert t["gpu_check"] == {"all_passed": True, "seconds": 303, "not_run": [], "failed": []}
 

@@ -115,6 +115,8 @@ def _add_nanovllm_parser(sub) -> None:
                      help="KV budget: bytes, or on a GPU a fraction of its memory "
                      "(default: 0.9 on a GPU, 256 MiB on a CPU)")
     np_.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    np_.add_argument("--async-scheduling", action="store_true",
+                     help="one step in flight (off by default; compare a run without)")
     np_.add_argument("--no-peers", action="store_true",
                      help="skip transformers' continuous batching")
     np_.add_argument("--json", default=None, help="write the result to this file")
@@ -140,6 +142,7 @@ def _nanovllm_main(args, device: torch.device) -> None:
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=memory,
         enforce_eager=args.enforce_eager, peers=not args.no_peers,
+        async_scheduling=args.async_scheduling,
     )  # fmt: skip
     print_result(result)
     if args.json:

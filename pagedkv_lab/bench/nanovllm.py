@@ -146,6 +146,7 @@ def nanovllm_benchmark(
     enforce_eager: bool = False,
     peers: bool = True,
     seed: int = 0,
+    async_scheduling: bool = False,
 ) -> dict:
     """Run nano-vllm's benchmark on ``device``; return the result (see `main`)."""
     from .. import LLM
@@ -163,7 +164,8 @@ def nanovllm_benchmark(
     llm = LLM(model, device=device, seed=seed, kv_cache_memory=kv_cache_memory,
               max_model_len=max_model_len, max_num_seqs=max_num_seqs,
               max_num_batched_tokens=max_num_batched_tokens,
-              enforce_eager=enforce_eager)  # fmt: skip
+              enforce_eager=enforce_eager,
+              async_scheduling=async_scheduling)  # fmt: skip
     vocab = llm.model.config.vocab_size
     prompts = [[t % vocab for t in p] for p in prompts]
     capture = getattr(llm.runner, "capture_all", None)
@@ -189,6 +191,7 @@ def nanovllm_benchmark(
         "steps": ours["steps"], "floor_seconds": ours["floor_seconds"],
         "copy_GBps": bandwidth / 1e9, "weight_GB": weights / 1e9,
         "startup_s": startup, "runner": type(llm.runner).__name__,
+        "async_scheduling": llm.async_scheduling,
         "layer_ops": type(getattr(llm.runner, "ops", None)).__name__,
         "workload": {"max_input_len": max_input_len, "max_output_len": max_output_len,
                      "min_len": min_len, "temperature": temperature,
@@ -236,7 +239,8 @@ def print_result(r: dict) -> None:
     """The run as nano-vllm prints it, then the floor and the peers."""
     print(f"{r['model']} ({r['dtype']}, random weights), {r['requests']} requests: "
           f"Total: {r['output_tokens']}tok, Time: {r['seconds']:.2f}s, "
-          f"Throughput: {r['tok_s']:.2f}tok/s")  # fmt: skip
+          f"Throughput: {r['tok_s']:.2f}tok/s"
+          + (" (one step in flight)" if r.get("async_scheduling") else ""))  # fmt: skip
     from ..kvmath import format_bytes
 
     print(f"floor-bound: {r['floor_tok_s']:.2f} tok/s ({r['steps']} steps, each reading "
