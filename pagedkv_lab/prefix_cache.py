@@ -445,7 +445,6 @@ class RadixNode:
         self.lock = 0
         self.last_access = 0
 
-
 class RadixTree:
     """Prefixes at token granularity: every root-to-node path is a stored
     prefix, and an edge holds a run of tokens. Unlike block hashing, a match
