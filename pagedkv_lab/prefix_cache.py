@@ -268,15 +268,8 @@ class PrefixMatchingBlockManager(BlockManager):
     the longest registered prefix of its tokens (`num_cached_tokens`,
     `allocate`), always computing at least its last token."""
 
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        *,
-        policy: str = "lru",
-        hash_fn: Callable = chained_hash,
-        verify: bool = True,
-    ):
+    def __init__(self, num_blocks: int, block_size: int, *, policy: str = "lru",
+                 hash_fn: Callable = chained_hash, verify: bool = True):  # fmt: skip
         super().__init__(num_blocks, block_size)
         self.allocator = CachingBlockAllocator(num_blocks, block_size, policy)
         self.allocator.on_evict = self._forget
@@ -369,7 +362,6 @@ class PrefixRegisteringBlockManager(PrefixMatchingBlockManager):
 
 REGISTER_WHEN = ("computed", "scheduled")
 
-
 class PrefixCachingBlockManager(PrefixRegisteringBlockManager):
     """A `BlockManager` whose full blocks outlive their sequences as a cache.
 
@@ -380,14 +372,11 @@ class PrefixCachingBlockManager(PrefixRegisteringBlockManager):
     `CachingBlockAllocator`'s cached-free queue.
     """
 
-    def __init__(
-        self, num_blocks: int, block_size: int, *, register="computed", **kwargs
-    ):
+    def __init__(self, num_blocks: int, block_size: int, *, register="computed",
+                 **kwargs):  # fmt: skip
         super().__init__(num_blocks, block_size, **kwargs)
         if register not in REGISTER_WHEN:
-            raise ValueError(
-                f"register must be one of {REGISTER_WHEN}, got {register!r}"
-            )
+            raise ValueError(f"register: one of {REGISTER_WHEN}, not {register!r}")
         self.register = register
         # Blocks registered for the step being scheduled, not written yet:
         # block -> requests admitted in the same step that hit it.
