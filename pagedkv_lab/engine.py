@@ -133,8 +133,6 @@ class SequenceState:
         self.cumulative_logprob = 0.0
         self.sample_index = sample_index
         self.generator = make_generator(params.seed, sample_index)
-        # its stream for draws on a GPU, made there on first use (sampling.py)
-        self.device_generator: torch.Generator | None = None
         # Anything besides the tokens that changes K/V, for prefix caching's
         # keys (chapter 08): requests with different salts never share blocks.
         self.cache_salt: str | None = None
@@ -739,6 +737,117 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int]) -> list[float]:
     """Log-probability of each chosen token under the model's own distribution."""
     index = torch.tensor(tokens, device=logits.device)[:, None]
     return logits.log_softmax(-1).gather(1, index)[:, 0].tolist()
+
+# The constants of SplitMix64's output function as Vigna's splitmix64.c has
+# them, and its golden-ratio increment, which spreads neighbouring counters.
+_MIX_A, _MIX_B = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer on an array of uint64: a bijection in which
+    every output bit depends on every input bit (NumPy's uint64 arithmetic
+    wraps modulo 2**64, which the hash relies on)."""
+    x = (x ^ (x >> np.uint64(30))) * _MIX_A
+    x = (x ^ (x >> np.uint64(27))) * _MIX_B
+    return x ^ (x >> np.uint64(31))
+
+
+def counter_uniforms(seeds, samples, positions) -> np.ndarray:
+    """One number in (0, 1) per row, a function of the row's (seed, sample
+    index, position) and of nothing else: a counter-based random number,
+    hashed from its key instead of drawn from a stream. A request's sample
+    draws the same numbers alone, in any batch, and after a preemption."""
+    key = mix64(np.asarray(seeds, dtype=np.uint64) + _GOLDEN)
+    key = mix64(key + np.asarray(samples, dtype=np.uint64) * _GOLDEN)
+    key = mix64(key + np.asarray(positions, dtype=np.uint64) * _GOLDEN)
+    # the top 52 bits, centred in their interval: exact in float64, never 0 or 1
+    return ((key >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0**-52
+
+def draw_tokens(
+    probs: torch.Tensor, uniforms: torch.Tensor, fallback: torch.Tensor
+) -> torch.Tensor:
+    """Per row of ``probs`` ``[rows, vocab]``, the token at which the
+    cumulative probability first reaches ``uniforms[row]`` times the row's
+    total (inverse-transform sampling): three operations over the whole batch,
+    whatever its size. A token of probability zero is never drawn: if rounding
+    ever lands on one, the row takes ``fallback`` (its most likely token)."""
+    cdf = probs.cumsum(-1)
+    target = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, target)[:, 0].clamp_(max=probs.shape[-1] - 1)
+    drawable = probs.gather(1, tokens[:, None])[:, 0] > 0
+    return torch.where(drawable, tokens, fallback)
+
+def cut_top_k_top_p(
+    x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Top-k then top-p on every row of ``x`` at once, with one sort: row
+    ``i`` keeps its ``top_k[i]`` largest logits (the vocabulary size: all),
+    then the smallest prefix of those whose probability reaches ``top_p[i]``
+    (infinity: all). The rest become -inf."""
+    sorted_x, order = x.sort(dim=-1, descending=True)
+    kth = sorted_x.gather(1, top_k[:, None] - 1)
+    sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
+    probs = sorted_x.softmax(-1)
+    # a token goes when the tokens before it already reach top_p
+    drop = probs.cumsum(-1) - probs >= top_p[:, None]
+    sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+    return torch.empty_like(x).scatter_(1, order, sorted_x)
+
+class SamplingColumns:
+    """A batch's sampling parameters, one entry per row: ``temperature``,
+    ``top_k`` and ``top_p`` as tensors on the device, uploaded once for as long
+    as the batch stays the same; the seeds and sample indices on the host, for
+    `uniforms`. A greedy row keeps temperature 1 and no cut: it is computed
+    like the others, and `sample_batched` takes its argmax instead."""
+
+    def __init__(self, seqs: list[Sequence], vocab: int, device):
+        ps = [s.params for s in seqs]
+        self.random = np.array([not p.greedy for p in ps])
+        self.any_random = bool(self.random.any())
+        self.any_cut = any(p.top_k > 0 or p.top_p < 1 for p in ps)
+        temps = [p.temperature if r else 1.0 for p, r in zip(ps, self.random)]
+        ks = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in ps]
+        tops = [p.top_p if p.top_p < 1 else math.inf for p in ps]
+        columns = upload([temps, tops, self.random.tolist(), ks], torch.float32, device)
+        self.temperature, self.top_p = columns[0], columns[1]
+        self.is_random, self.top_k = columns[2].bool(), columns[3].long()
+        self.seeds = np.array([(p.seed or 0) % 2**64 for p in ps], dtype=np.uint64)
+        self.seeded = np.array([p.seed is not None for p in ps])
+        self.samples = np.array([s.sample_index for s in seqs], dtype=np.uint64)
+
+    def uniforms(self, seqs: list[Sequence]) -> np.ndarray:
+        """This step's random number per row: a seeded row's from its key
+        (seed, sample index, position of the token it draws); an unseeded
+        row's from torch's global stream, in one draw for the batch."""
+        positions = np.fromiter((s.num_tokens for s in seqs), np.uint64, len(seqs))
+        u = counter_uniforms(self.seeds, self.samples, positions)
+        if not self.seeded.all():
+            free = torch.rand(len(seqs), dtype=torch.float64).numpy()
+            u = np.where(self.seeded, u, free)
+        return u
+
+    def cut(self, x: torch.Tensor) -> torch.Tensor:
+        """The cuts of every row of ``x`` (logits over temperature)."""
+        return cut_top_k_top_p(x, self.top_k, self.top_p) if self.any_cut else x
+
+def sample_batched(
+    logits: torch.Tensor, seqs: list[Sequence], columns: SamplingColumns | None = None
+) -> torch.Tensor:
+    """`sample`'s choice for every row at once, as a tensor on ``logits``'
+    device: the same cuts in the same order, a fixed number of operations
+    whatever the batch's size, and each row's draw from its counter-based
+    number (`SamplingColumns.uniforms`). ``columns``: the batch's, if the
+    caller keeps them from step to step."""
+    greedy = logits.argmax(dim=-1)
+    if columns is None:
+        columns = SamplingColumns(seqs, logits.shape[-1], logits.device)
+    if not columns.any_random:
+        return greedy
+    x = columns.cut(logits.float() / columns.temperature[:, None])
+    u = upload(columns.uniforms(seqs), torch.float32, logits.device)
+    drawn = draw_tokens(x.softmax(-1), u, greedy)
+    return torch.where(columns.is_random, drawn, greedy)
 
 def run_to_completion(
     runner: ModelRunner, seqs: list[Sequence], eos_token_id: int | None

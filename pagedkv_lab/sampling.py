@@ -10,11 +10,15 @@ Order of operations on a row of logits, as in vLLM: raw log-probabilities;
 ``min_tokens`` mask; penalties; greedy argmax, or temperature, ``min_p``,
 top-k, top-p and a draw from the sequence's own random stream.
 
-On a GPU the engine samples a whole step with `sample_on_device` instead: the
-same cuts in the same order, on all rows at once, without reading anything
-back until the tokens are chosen (`sample_batch`). Its draws come from the
-GPU's random streams, so a seeded request repeats its tokens from run to run
-on a GPU, but they are not the tokens it draws on a CPU.
+The engine samples a step with `sample_batched` instead, on every device: the
+same cuts in the same order, on all rows at once, in a fixed number of
+operations whatever the batch's size (chapter 05's `engine.sample_batched`,
+with ``min_p`` and the logits processing above). Each random row draws one
+counter-based number, hashed from its request's seed, its sample index and the
+position of the token it draws (`engine.counter_uniforms`): a seeded request
+gets the same tokens in any batch, after a preemption, and on a CPU as on a GPU
+up to the rounding of its logits. `sample` is the per-row reference, kept for
+the tests and for reading.
 
 The engine samples a step with `sample_tokens`, which returns the tokens as
 `SampledTokens`: on the device, with their copy to the host already queued,
@@ -29,9 +33,11 @@ earlier versions of the library defined them.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .engine import Sequence, make_generator, upload
+from .engine import SamplingColumns, Sequence, upload
+from .engine import sample_batched as chapter_sample_batched
 from .outputs import Logprob
 from .sampling_params import RequestOutputKind, SamplingParams
 
@@ -44,8 +50,8 @@ __all__ = [
     "process_logits",
     "sample",
     "sample_batch",
+    "sample_batched",
     "sample_logprobs",
-    "sample_on_device",
     "sample_tokens",
     "top_logprobs",
 ]
@@ -78,6 +84,13 @@ class SamplingBatch:
         self.penalised = [i for i, p in enumerate(ours) if p and p.processes_logits]
         self.logprobs = [i for i, p in enumerate(ours) if p and p.logprobs is not None]
         self._stops = None
+        self._columns: ColumnsWithMinP | None = None
+
+    def columns(self, vocab: int, device) -> ColumnsWithMinP:
+        """The batch's per-row parameters on ``device`` (uploaded once)."""
+        if self._columns is None or self._columns.temperature.device != torch.device(device):
+            self._columns = ColumnsWithMinP(self.seqs, vocab, device)
+        return self._columns
 
     def matches(self, seqs: list[Sequence]) -> bool:
         """Whether ``seqs`` are this batch's sequences, in the same order."""
@@ -103,41 +116,38 @@ def _apply_penalties(
     logits: torch.Tensor, seqs: list[Sequence], rows: list[int]
 ) -> torch.Tensor:
     """Repetition, frequency and presence penalties on ``rows`` of ``logits``,
-    batched: one count tensor for the rows, built from their token ids."""
+    batched: the rows' token ids gathered with NumPy and uploaded in one copy,
+    then one count tensor and one prompt mask for all of them."""
     vocab, device = logits.shape[-1], logits.device
-    out_rows, out_ids, seen_rows, seen_ids = [], [], [], []
-    for j, i in enumerate(rows):
-        seq = seqs[i]
-        out = seq.output_token_ids
-        out_rows += [j] * len(out)
-        out_ids += out
-        seen_rows += [j] * seq.num_prompt_tokens
-        seen_ids += seq.token_ids[: seq.num_prompt_tokens]
+    chosen = [seqs[i] for i in rows]
+    ids = [np.asarray(s.token_ids, dtype=np.int64) for s in chosen]
+    lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    owner = np.repeat(np.arange(len(rows)), lengths)
+    prompt = np.array([s.num_prompt_tokens for s in chosen], dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    is_output = np.arange(lengths.sum()) - starts[owner] >= prompt[owner]
+    flat = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    num_out = int(is_output.sum())
+    out_and_prompt = np.concatenate([owner[is_output], flat[is_output],
+                                     owner[~is_output], flat[~is_output]])  # fmt: skip
+    params = np.array([[s.params.repetition_penalty, s.params.frequency_penalty,
+                        s.params.presence_penalty] for s in chosen])  # fmt: skip
+    index = upload(out_and_prompt, torch.long, device)
+    out_rows, out_ids, seen_rows, seen_ids = index.split(
+        [num_out, num_out, len(flat) - num_out, len(flat) - num_out]
+    )
+    rep, freq, pres = upload(params.T, logits.dtype, device)[:, :, None]
     counts = torch.zeros(len(rows), vocab, device=device, dtype=logits.dtype)
-    if out_ids:
-        index = (
-            torch.tensor(out_rows, device=device),
-            torch.tensor(out_ids, device=device),
-        )
-        counts.index_put_(index, torch.ones(len(out_ids), device=device), True)
-    in_prompt = torch.zeros(len(rows), vocab, device=device, dtype=torch.bool)
-    in_prompt[
-        torch.tensor(seen_rows, device=device), torch.tensor(seen_ids, device=device)
-    ] = True
-    ps = [seqs[i].params for i in rows]
-
-    def column(name: str) -> torch.Tensor:
-        values = [getattr(p, name) for p in ps]
-        return torch.tensor(values, device=device, dtype=logits.dtype)[:, None]
-
-    sub = logits[rows]
-    rep = column("repetition_penalty")
-    seen = in_prompt | (counts > 0)
+    counts.index_put_((out_rows, out_ids), torch.ones_like(out_ids, dtype=logits.dtype),
+                      accumulate=True)  # fmt: skip
+    seen = torch.zeros(len(rows), vocab, device=device, dtype=torch.bool)
+    seen[seen_rows, seen_ids] = True
+    seen |= counts > 0
+    row_index = upload(rows, torch.long, device)
+    sub = logits.index_select(0, row_index)
     sub = torch.where(seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
-    sub = sub - column("frequency_penalty") * counts
-    sub = sub - column("presence_penalty") * (counts > 0).to(sub.dtype)
-    logits[rows] = sub
-    return logits
+    sub = sub - freq * counts - pres * (counts > 0).to(sub.dtype)
+    return logits.index_copy(0, row_index, sub)
 
 
 def process_logits(
@@ -167,11 +177,8 @@ def process_logits(
     if batch.penalised:
         logits = _apply_penalties(logits, seqs, batch.penalised)
     if mask_rows:
-        device = logits.device
-        logits[
-            torch.tensor(mask_rows, device=device),
-            torch.tensor(mask_cols, device=device),
-        ] = float("-inf")
+        mask = upload([mask_rows, mask_cols], torch.long, logits.device)
+        logits[mask[0], mask[1]] = float("-inf")
     return logits
 
 
@@ -210,67 +217,37 @@ def sample(
     return tokens
 
 
-def _device_generator(seq: Sequence, device: torch.device) -> torch.Generator | None:
-    """The random stream of a seeded ``seq`` for draws on ``device`` (None: the
-    device's global stream), made on first use from the same seed and sample
-    index as its CPU stream; the streams differ, so a seeded request samples
-    the same tokens on every run on one kind of device, not across kinds."""
-    gen = seq.device_generator
-    if gen is None or gen.device != device:
-        gen = make_generator(seq.params.seed, seq.sample_index, device)
-        seq.device_generator = gen
-    return gen
+class ColumnsWithMinP(SamplingColumns):
+    """`SamplingColumns` with ``min_p`` (vLLM's order: after the temperature,
+    before top-k and top-p): a token goes when its probability is below
+    ``min_p`` times the row's largest."""
+
+    def __init__(self, seqs: list[Sequence], vocab: int, device):
+        super().__init__(seqs, vocab, device)
+        min_p = [getattr(s.params, "min_p", 0.0) for s in seqs]
+        self.any_min_p = any(min_p)
+        self.min_p = upload(min_p, torch.float32, device) if self.any_min_p else None
+
+    def cut(self, x: torch.Tensor) -> torch.Tensor:
+        if self.any_min_p:
+            probs = x.softmax(-1)
+            floor = self.min_p[:, None] * probs.max(-1, keepdim=True).values
+            x = x.masked_fill(probs < floor, float("-inf"))
+        return super().cut(x)
 
 
-def sample_on_device(
+def sample_batched(
     logits: torch.Tensor, seqs: list[Sequence], eos_token_ids=None, batch=None
 ) -> torch.Tensor:
-    """`sample`'s choice per row, as a tensor on ``logits``' device, computed
-    without reading anything back: every sampled row is cut in one batch
-    (temperature, ``min_p``, top-k, top-p, with per-row values), unseeded rows
-    are drawn together and seeded rows each from its own device stream."""
-    logits = process_logits(logits, seqs, eos_token_ids)
-    tokens = logits.argmax(dim=-1)
-    rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
-    if not rows:
-        return tokens
-    device = logits.device
-    ps = [seqs[i].params for i in rows]
-
-    def column(values, dtype=torch.float32) -> torch.Tensor:
-        return upload(values, dtype, device)[:, None]
-
-    index = column(rows, torch.long)[:, 0]
-    sub = logits[index].float() / column([p.temperature for p in ps])
-    min_p = [getattr(p, "min_p", 0.0) for p in ps]
-    if any(min_p):
-        probs = sub.softmax(-1)
-        cut = column(min_p) * probs.max(-1, keepdim=True).values
-        sub = sub.masked_fill(probs < cut, float("-inf"))
-    vocab = sub.shape[-1]
-    if any(p.top_k > 0 or p.top_p < 1 for p in ps):
-        # one sort serves top-k (the k-th largest logit) and top-p (the prefix)
-        sorted_logits, order = sub.sort(dim=-1, descending=True)
-        ks = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in ps]
-        kth = sorted_logits.gather(1, column(ks, torch.long) - 1)
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs >= column([p.top_p for p in ps])
-        drop &= column([p.top_p < 1 for p in ps], torch.bool)
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        sub = torch.empty_like(sub).scatter_(1, order, sorted_logits)
-    probs = sub.softmax(-1)
-    drawn = torch.empty(len(rows), dtype=torch.long, device=device)
-    free = [j for j, i in enumerate(rows) if seqs[i].params.seed is None]
-    if free:
-        at = column(free, torch.long)[:, 0]
-        drawn[at] = torch.multinomial(probs[at], 1)[:, 0]
-    for j, i in enumerate(rows):
-        gen = _device_generator(seqs[i], device)
-        if gen is not None:
-            drawn[j : j + 1] = torch.multinomial(probs[j], 1, generator=gen)
-    tokens[index] = drawn
-    return tokens
+    """`sample`'s choice for every row, as a tensor on ``logits``' device,
+    without reading anything back and in a fixed number of operations: the
+    logits processed (`process_logits`), then chapter 05's `sample_batched`
+    with ``min_p`` among the cuts. ``batch``: the `SamplingBatch` of ``seqs``,
+    if the caller keeps one (its columns are uploaded once)."""
+    batch = SamplingBatch(seqs) if batch is None else batch
+    logits = process_logits(logits, seqs, eos_token_ids, batch)
+    columns = batch.columns(logits.shape[-1], logits.device)
+    return chapter_sample_batched(logits, seqs, columns)
 
 
 class SampledTokens:
@@ -322,24 +299,20 @@ def sample_tokens(
     the top log-probabilities of the rows whose requests asked (``batch``: the
     `SamplingBatch` of ``seqs``, if the caller keeps one).
 
-    On a CPU the tokens are chosen by `sample` (each seeded row from its own
-    stream on the CPU); on a GPU by `sample_on_device`, without reading
-    anything back: what the host needs comes back later, in one transfer.
+    The tokens are chosen by `sample_batched`, without reading anything back:
+    what the host needs comes back later, in one transfer.
     """
     batch = SamplingBatch(seqs) if batch is None else batch
-    if logits.device.type != "cpu":
-        tokens = sample_on_device(logits, seqs, eos_token_ids, batch)
-    elif batch.random or batch.min_tokens or batch.penalised:
-        tokens = torch.tensor(sample(logits, seqs, eos_token_ids, batch))
-    else:  # all greedy, nothing to mask: `sample` is the argmax
-        tokens = logits.argmax(dim=-1)
+    tokens = sample_batched(logits, seqs, eos_token_ids, batch)
+    # raw log-probabilities: row by row the same in any batch (a reduction
+    # over the whole tensor, such as logsumexp, may round by the batch's shape)
     logprobs = logits.float().log_softmax(-1)
     values = [tokens.double(), logprobs.gather(1, tokens[:, None])[:, 0].double()]
     tops = None
     if batch.logprobs:
         rows = batch.logprobs
         nums = [min(seqs[i].params.logprobs, logits.shape[-1]) for i in rows]
-        index = torch.tensor(rows, device=logits.device)
+        index = upload(rows, torch.long, logits.device)
         table = top_logprob_table(logprobs[index], tokens[index], max(nums))
         values.append(table.ravel())
         tops = (rows, nums)

@@ -34,21 +34,32 @@ def _greedy(max_tokens: int, **kw) -> SamplingParams:
 
 
 def _view(out) -> tuple:
-    """Everything a user reads from a `RequestOutput`."""
+    """Everything a user reads from a `RequestOutput`, log-probabilities aside
+    (`_logprobs`: the two loops may batch a sequence differently, which moves
+    its logits' last bits)."""
     completions = tuple(
         (c.index, c.text, tuple(c.token_ids), c.finish_reason, c.stop_reason,
-         round(c.cumulative_logprob, 4),
          None if c.logprobs is None else tuple(
-             tuple((t, round(lp.logprob, 4), lp.rank) for t, lp in d.items())
-             for d in c.logprobs))
+             tuple((t, lp.rank) for t, lp in d.items()) for d in c.logprobs))
         for c in out.outputs
     )  # fmt: skip
     prompt = None if out.prompt_logprobs is None else tuple(
-        None if d is None else tuple((t, round(lp.logprob, 4)) for t, lp in d.items())
-        for d in out.prompt_logprobs
+        None if d is None else tuple(d) for d in out.prompt_logprobs
     )  # fmt: skip
     return (out.request_id, tuple(out.prompt_token_ids), completions,
             out.num_cached_tokens, prompt)  # fmt: skip
+
+
+def _logprobs(out) -> list[float]:
+    """Every log-probability a `RequestOutput` carries, in order."""
+    values = []
+    for c in out.outputs:
+        values.append(c.cumulative_logprob)
+        for d in c.logprobs or []:
+            values += [lp.logprob for lp in d.values()]
+    for d in out.prompt_logprobs or []:
+        values += [lp.logprob for lp in (d or {}).values()]
+    return values
 
 
 def _both(prompts, params, **kw) -> tuple[list, list, LLM]:
@@ -66,6 +77,8 @@ def _both(prompts, params, **kw) -> tuple[list, list, LLM]:
 
 def _assert_same(sync, asyn):
     assert [_view(o) for o in asyn] == [_view(o) for o in sync]
+    for a, b in zip(asyn, sync):
+        assert _logprobs(a) == pytest.approx(_logprobs(b), abs=1e-3)
 
 
 # ---- equal to model.generate and to the synchronous loop ---------------------

@@ -1,4 +1,4 @@
-"""`sample_on_device`, the sampler the engine uses on a GPU, checked on every
+"""`sample_batched`, the sampler the engine uses on every device, checked on every
 device at hand (on a CPU it runs the same tensor code): it chooses what the
 chapter's `sample` would, up to the random draw, and draws from the right
 distribution."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagedkv_lab.engine import Sequence
-from pagedkv_lab.sampling import SamplingParams, sample, sample_batch, sample_on_device
+from pagedkv_lab.sampling import SamplingParams, sample, sample_batch, sample_batched
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -31,7 +31,7 @@ def test_cuts_that_leave_one_token_agree_with_greedy(device):
     ]
     seqs = seqs_for(params)
     want = logits.argmax(-1).tolist()
-    assert sample_on_device(logits, seqs).tolist() == want
+    assert sample_batched(logits, seqs).tolist() == want
     assert sample(logits, seqs) == want
     tokens, logprobs = sample_batch(logits, seqs)
     assert tokens == want
@@ -56,7 +56,7 @@ def test_draws_follow_the_cut_distribution(device):
         torch.manual_seed(0)
         if device == "cuda":
             torch.cuda.manual_seed(0)
-        drawn = sample_on_device(logits, seqs).cpu()
+        drawn = sample_batched(logits, seqs).cpu()
         probs = torch.zeros(6)
         probs[:keep] = (row[:keep] / params.temperature).softmax(-1)
         freq = torch.bincount(drawn, minlength=6).double() / n
@@ -74,7 +74,7 @@ def test_seeded_rows_repeat_whatever_the_batch(device):
     def draws(rows, others):
         seq = Sequence([1], p)
         batch = [seq] + seqs_for([SamplingParams(temperature=1.0)] * others)
-        return [sample_on_device(logits[rows][: 1 + others], batch)[0].item()
+        return [sample_batched(logits[rows][: 1 + others], batch)[0].item()
                 for _ in range(20)]  # fmt: skip
 
     assert draws([0], 0) == draws([0, 1, 2], 2)
