@@ -33,6 +33,8 @@ earlier versions of the library defined them.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -265,6 +267,7 @@ class SampledTokens:
         self.tokens = tokens
         self.tops = tops  # (rows, targets' positions, nums) for top_logprob_dicts
         self._ready = None
+        self.waited = 0.0  # seconds `read` waited for the device
         if values.is_cuda:
             host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
             self._values = host.copy_(values, non_blocking=True)
@@ -277,7 +280,9 @@ class SampledTokens:
         """Tokens, their log-probabilities, and per row the ``logprobs`` its
         request asked for (None where it did not), as Python objects."""
         if self._ready is not None:
+            start = time.perf_counter()
             self._ready.synchronize()
+            self.waited = time.perf_counter() - start
         values = self._values.tolist()
         n = len(self.tokens)
         tokens, logprobs = [int(t) for t in values[:n]], values[n : 2 * n]

@@ -3,6 +3,7 @@
     python scripts/host_step_time.py                 # 128 sequences, 1,000-token prompts
     python scripts/host_step_time.py --seqs 256 --prompt-len 500
     python scripts/host_step_time.py --seqs 256 --json out.json --async-scheduling
+    python scripts/host_step_time.py --seqs 256 --temperature 0.6 --seed 0   # sampling too
 
 On a GPU a decode step costs its kernels' time plus whatever the host does
 while the GPU waits: scheduling, packing the inputs, sampling's bookkeeping,
@@ -12,7 +13,9 @@ machine. `tiny-llama` serves the prompts (on the CPU); then the runner's
 engine's decode steps are timed, whole and by phase (median over the steps
 after the first two). Everything else runs as in a real step: the runner's
 copy-on-write check and its input packing (`prepare`) included, and the
-sampler's argmax over the stand-in's logits.
+sampler over the stand-in's logits: an argmax by default, and with
+``--temperature`` a draw per row (``--seed``: every request seeded, as
+``bench nanovllm``'s engine seeds them).
 
 With ``--async-scheduling`` the engine schedules step N+1 before it reads step
 N's tokens (vLLM's ``async_scheduling``): on a CPU, where the forward pass runs
@@ -39,7 +42,7 @@ from pagedkv_lab.models import load_model
 from pagedkv_lab.sampling import RequestOutputKind
 
 # The phases timed, where the engine has them (`EngineCore` method names).
-ENGINE_PHASES = ("_schedule", "_launch", "_finish", "_update_stats")
+ENGINE_PHASES = ("_schedule", "_launch", "_sample", "_finish", "_update_stats")
 SCHEDULER_PHASES = ("schedule", "free_finished")
 RUNNER_PHASES = ("check_writes", "pack", "prepare")
 
@@ -58,9 +61,12 @@ def timed(phases: dict, obj, name: str) -> None:
     setattr(obj, name, wrapper)
 
 
-def decoding_engine(n: int, length: int, steps: int, async_scheduling: bool) -> LLM:
+def decoding_engine(n: int, length: int, steps: int, async_scheduling: bool,
+                    temperature: float = 0.0, seed: int | None = None) -> LLM:  # fmt: skip
     """An `LLM` whose ``n`` requests of ``length`` prompt tokens are all
-    decoding, with room for ``steps`` more tokens each (and some to spare)."""
+    decoding, with room for ``steps`` more tokens each (and some to spare),
+    sampling at ``temperature`` (``seed``: the engine's, which seeds every
+    request)."""
     max_len = length + steps + 256
     model, tokenizer = load_model("tiny-llama", device="cpu")
     spec = KVSpec.from_config(model.config, model.dtype)
@@ -68,8 +74,9 @@ def decoding_engine(n: int, length: int, steps: int, async_scheduling: bool) -> 
                     kv_cache_memory=spec.bytes_for(2 * n * max_len))  # fmt: skip
     if async_scheduling:
         settings["async_scheduling"] = True
-    llm = LLM((model, tokenizer), **settings)
-    params = SamplingParams(temperature=0, max_tokens=max_len - length, ignore_eos=True,
+    llm = LLM((model, tokenizer), seed=seed, **settings)
+    params = SamplingParams(temperature=temperature, max_tokens=max_len - length,
+                            ignore_eos=True,
                             output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     for i in range(n):
@@ -84,9 +91,10 @@ def decoding_engine(n: int, length: int, steps: int, async_scheduling: bool) -> 
     return llm
 
 
-def measure(n: int, length: int, steps: int, async_scheduling: bool = False) -> dict:
+def measure(n: int, length: int, steps: int, async_scheduling: bool = False,
+            temperature: float = 0.0, seed: int | None = None) -> dict:  # fmt: skip
     """Milliseconds per decode step, whole and by phase (medians)."""
-    llm = decoding_engine(n, length, steps, async_scheduling)
+    llm = decoding_engine(n, length, steps, async_scheduling, temperature, seed)
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(n, llm.model.config.vocab_size, generator=gen)
     runner = llm.runner
@@ -108,7 +116,8 @@ def measure(n: int, length: int, steps: int, async_scheduling: bool = False) -> 
         assert len(llm.last_plan.seqs) == n, "every sequence decodes every step"
     ms = lambda xs: 1e3 * statistics.median(xs[2:])  # noqa: E731 (the first steps warm up)
     return {"seqs": n, "prompt_len": length, "steps": steps,
-            "async_scheduling": async_scheduling, "whole_ms": ms(whole),
+            "async_scheduling": async_scheduling, "temperature": temperature,
+            "seed": seed, "whole_ms": ms(whole),
             "phases_ms": {k: ms(v) for k, v in phases.items()}}  # fmt: skip
 
 
@@ -118,12 +127,19 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample at this temperature (default 0: greedy)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the engine's seed, which seeds every request")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
-    r = measure(args.seqs, args.prompt_len, args.steps, args.async_scheduling)
+    r = measure(args.seqs, args.prompt_len, args.steps, args.async_scheduling,
+                args.temperature, args.seed)  # fmt: skip
     mode = "async scheduling" if r["async_scheduling"] else "synchronous"
+    sampling = ("greedy" if not args.temperature else f"temperature {args.temperature}"
+                + ("" if args.seed is None else ", seeded"))  # fmt: skip
     print(f"{r['seqs']} sequences at {r['prompt_len']} tokens, decode steps, "
-          f"no model, {mode} (median ms):")  # fmt: skip
+          f"no model, {mode}, {sampling} (median ms):")  # fmt: skip
     print(f"  whole step          {r['whole_ms']:6.3f}")
     for name, value in sorted(r["phases_ms"].items(), key=lambda kv: -kv[1]):
         print(f"  {name:19} {value:6.3f}")

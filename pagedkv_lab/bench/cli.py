@@ -115,8 +115,13 @@ def _add_nanovllm_parser(sub) -> None:
                      help="KV budget: bytes, or on a GPU a fraction of its memory "
                      "(default: 0.9 on a GPU, 256 MiB on a CPU)")
     np_.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    np_.add_argument("--async-scheduling", action="store_true",
-                     help="one step in flight (off by default; compare a run without)")
+    np_.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                     default=None, help="one step in flight (default: the engine's, "
+                     "on with a GPU, off on a CPU); --no-async-scheduling compares")
+    np_.add_argument("--profile", nargs="?", const="", default=None, metavar="PATH",
+                     help="after the timed run, profile 20 decode steps at full batch "
+                     "with torch.profiler and write its table to PATH (default: "
+                     "nanovllm-profile-MODEL.txt)")
     np_.add_argument("--no-peers", action="store_true",
                      help="skip transformers' continuous batching")
     np_.add_argument("--json", default=None, help="write the result to this file")
@@ -143,6 +148,8 @@ def _nanovllm_main(args, device: torch.device) -> None:
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=memory,
         enforce_eager=args.enforce_eager, peers=not args.no_peers,
         async_scheduling=args.async_scheduling,
+        profile=(args.profile or f"nanovllm-profile-{args.model.replace('/', '_')}.txt")
+        if args.profile is not None else None,
     )  # fmt: skip
     print_result(result)
     if args.json:

@@ -83,21 +83,30 @@ def _positions(model: str) -> int:
     return getattr(config, "max_position_embeddings", None) or 2**31
 
 
-def serve_timed(llm, prompts, max_tokens, temperature: float, floor) -> dict:
-    """Serve the requests through ``llm``'s steps; the wall time, the tokens,
-    and the floor: ``floor(kv_tokens)`` seconds summed over the steps, where
-    ``kv_tokens`` is the tokens whose K/V the step's sequences hold after it.
-    The floor's bookkeeping is not in the wall time."""
+def _requests(prompts, max_tokens, temperature: float) -> list:
+    """``(prompt, SamplingParams)`` pairs as nano-vllm's bench asks for them."""
     from ..sampling import RequestOutputKind, SamplingParams
 
+    return [(prompt, SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True,
+                                    output_kind=RequestOutputKind.FINAL_ONLY))
+            for prompt, n in zip(prompts, max_tokens)]  # fmt: skip
+
+
+def serve_timed(llm, prompts, max_tokens, temperature: float, floor) -> dict:
+    """Serve the requests through ``llm``'s steps; the wall time, the tokens,
+    the floor: ``floor(kv_tokens)`` seconds summed over the steps, where
+    ``kv_tokens`` is the tokens whose K/V the step's sequences hold after it;
+    and where each step's time went (`StepClock`). The floor's bookkeeping is
+    not in the wall time."""
+    from .steps import StepClock
+
     counts, steps, floor_s, bookkeeping = {}, 0, 0.0, 0.0
+    clock = StepClock(llm)
     t0 = time.perf_counter()
-    for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
-        params = SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True,
-                                output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
+    for i, (prompt, params) in enumerate(_requests(prompts, max_tokens, temperature)):
         llm.add_request(str(i), prompt, params)
     while llm.has_unfinished_requests():
-        outputs = llm.step()
+        outputs = clock.step()
         t1 = time.perf_counter()
         steps += 1
         floor_s += floor(sum(s.num_computed_tokens for s in llm.last_plan.seqs))
@@ -106,10 +115,11 @@ def serve_timed(llm, prompts, max_tokens, temperature: float, floor) -> dict:
                 counts[int(out.request_id)] = len(out.outputs[0].token_ids)
         bookkeeping += time.perf_counter() - t1
     seconds = time.perf_counter() - t0 - bookkeeping
+    clock.detach()
     tokens = sum(counts.values())
     return {"seconds": seconds, "output_tokens": tokens, "tok_s": tokens / seconds,
             "steps": steps, "floor_seconds": floor_s,
-            "floor_tok_s": tokens / floor_s}  # fmt: skip
+            "floor_tok_s": tokens / floor_s, "breakdown": clock.summary()}  # fmt: skip
 
 
 def _hf_continuous_peer(setup, temperature: float):
@@ -146,9 +156,13 @@ def nanovllm_benchmark(
     enforce_eager: bool = False,
     peers: bool = True,
     seed: int = 0,
-    async_scheduling: bool = False,
+    async_scheduling: bool | None = None,
+    profile: str | None = None,
 ) -> dict:
-    """Run nano-vllm's benchmark on ``device``; return the result (see `main`)."""
+    """Run nano-vllm's benchmark on ``device``; return the result (see
+    `print_result`). ``async_scheduling``: None leaves it to the engine (on
+    with a GPU); ``profile``: a path, to profile 20 decode steps at full batch
+    once the timed run is over (`steps.profile_decode_steps`)."""
     from .. import LLM
     from ..device import pick_device
     from ..kvmath import KVSpec
@@ -189,6 +203,7 @@ def nanovllm_benchmark(
         "seconds": ours["seconds"], "tok_s": ours["tok_s"],
         "floor_tok_s": ours["floor_tok_s"], "peers": {},
         "steps": ours["steps"], "floor_seconds": ours["floor_seconds"],
+        "breakdown": ours["breakdown"],
         "copy_GBps": bandwidth / 1e9, "weight_GB": weights / 1e9,
         "startup_s": startup, "runner": type(llm.runner).__name__,
         "async_scheduling": llm.async_scheduling,
@@ -197,6 +212,12 @@ def nanovllm_benchmark(
                      "min_len": min_len, "temperature": temperature,
                      "max_model_len": max_model_len, "seed": seed},
     }  # fmt: skip
+    if profile is not None:
+        from .steps import profile_decode_steps
+
+        requests = _requests(prompts, max_tokens, temperature)
+        profile_decode_steps(llm, requests, steps=20, path=profile)
+        result["profile"] = str(profile)
     budget_tokens = llm.runner.kv_cache.num_blocks * llm.runner.kv_cache.block_size
     block_size = llm.runner.kv_cache.block_size
     del llm, capture
@@ -247,6 +268,12 @@ def print_result(r: dict) -> None:
           f"{format_bytes(r['weight_GB'] * 1e9)} of weights and its sequences' K/V at "
           f"{r['copy_GBps']:.1f} GB/s); this engine at "
           f"{r['tok_s'] / r['floor_tok_s']:.1%} of it")  # fmt: skip
+    from .steps import format_breakdown
+
+    for line in format_breakdown(r.get("breakdown", {})):
+        print(line)
+    if r.get("profile"):
+        print(f"profile of 20 decode steps at full batch: {r['profile']}")
     for name, p in r["peers"].items():
         if "error" in p:
             print(f"{name}: failed: {p['error']}")
