@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .device import gpu_spec
+
 if not torch.cuda.is_available():
     # without CUDA, Triton kernels can only run in its interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -445,7 +447,8 @@ def _new_buffer(
 
 @functools.cache
 def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    # through the device rule: an emulated card (PAGEDKV_EMULATE) has its own count
+    return gpu_spec(torch.device("cuda", device_index)).multiprocessors
 
 
 def decode_partitions(
@@ -872,9 +875,10 @@ TUNED_TILES = Path(
 
 @functools.cache
 def _card(device_index: int) -> tuple[tuple[int, int], str]:
-    """A GPU's compute capability and name, read once (launches stay cheap)."""
-    props = torch.cuda.get_device_properties(device_index)
-    return (props.major, props.minor), props.name
+    """A GPU's compute capability and name, read once (launches stay cheap),
+    through the device rule (an emulated card's, under PAGEDKV_EMULATE)."""
+    spec = gpu_spec(torch.device("cuda", device_index))
+    return spec.capability, spec.name
 
 
 @functools.cache

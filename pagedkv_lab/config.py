@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .device import gpu_spec
 from .engine import PagedKVCache, _check_int
 from .sampling_params import refuse_unsupported
 
@@ -393,6 +394,9 @@ def profile_kv_budget(model, fraction: float, num_tokens: int, device) -> int:
     activations = torch.cuda.max_memory_allocated(device) - weights
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
+    card = gpu_spec(device).total_memory  # a smaller card's, when one is emulated
+    if card < total:
+        free, total = min(free, card - torch.cuda.memory_reserved(device)), card
     budget = min(int(fraction * total) - weights - activations, free)
     if budget <= 0:
         gib = 2**30

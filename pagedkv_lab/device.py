@@ -80,13 +80,15 @@ class GPUSpec:
 
     @classmethod
     def of(cls, device: torch.device) -> GPUSpec:
+        """The card's spec, or that of the card it emulates (`emulated`)."""
         props = torch.cuda.get_device_properties(device.index or 0)
-        return cls(
+        real = cls(
             props.name,
             (props.major, props.minor),
             props.total_memory,
             props.multi_processor_count,
         )
+        return emulated(real, device.index or 0)
 
 
 def gpu_spec(device: torch.device | GPUSpec | None = None) -> GPUSpec | None:
@@ -126,3 +128,37 @@ KNOWN_GPUS = {
     "A100-40GB": GPUSpec("NVIDIA A100-SXM4-40GB", (8, 0), 40_960 * 2**20, 108),
     "H100-80GB": GPUSpec("NVIDIA H100 80GB HBM3", (9, 0), 81_559 * 2**20, 132),
 }
+
+#: The variable that names the card to emulate (a key of `KNOWN_GPUS`, any case).
+EMULATE_ENV = "PAGEDKV_EMULATE"
+_capped: set[int] = set()  # devices whose memory the emulation has capped
+
+
+def emulated_card() -> GPUSpec | None:
+    """The card ``$PAGEDKV_EMULATE`` names, or None when it is unset."""
+    name = os.environ.get(EMULATE_ENV, "")
+    if not name:
+        return None
+    cards = {key.lower(): spec for key, spec in KNOWN_GPUS.items()}
+    if name.lower() not in cards:
+        raise ValueError(f"{EMULATE_ENV}={name!r} names no known card; choose one "
+                         f"of {', '.join(sorted(cards))}")  # fmt: skip
+    return cards[name.lower()]
+
+
+def emulated(real: GPUSpec, index: int = 0) -> GPUSpec:
+    """``real``, or the card `emulated_card` names, whose memory then caps
+    this process's use of device ``index`` (once). A card can only emulate one
+    with no more memory and no later architecture than its own."""
+    card = emulated_card()
+    if card is None:
+        return real
+    if card.total_memory > real.total_memory or card.capability > real.capability:
+        raise ValueError(f"a {real.name} cannot emulate a {card.name}: it has less "
+                         "memory or an older architecture")  # fmt: skip
+    if index not in _capped:
+        torch.cuda.set_per_process_memory_fraction(
+            card.total_memory / real.total_memory, index
+        )
+        _capped.add(index)
+    return card

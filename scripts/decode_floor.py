@@ -43,6 +43,7 @@ import torch
 
 from pagedkv_lab import LLM, SamplingParams
 from pagedkv_lab.bench.nanovllm import weight_bytes_per_step  # cpu_w1_floor.py too
+from pagedkv_lab.device import gpu_spec
 from pagedkv_lab.fused import GEMM_OPS, FusedModelRunner, LayerOps, decode_step_ops
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.models import largest_real_shape, load_model
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
     model, tokenizer = load_model(args.model, device=device)
     spec = KVSpec.from_config(model.config, model.dtype)
     if args.prompts is None:  # as many as 128 whose K/V fit beside the weights
-        free = 0.8 * torch.cuda.get_device_properties(device).total_memory
+        free = 0.8 * gpu_spec(device).total_memory  # an emulated card's, if any
         free -= sum(p.numel() * p.element_size() for p in model.parameters())
         per_prompt = 1.3 * (args.prompt_len + args.new_tokens) * spec.bytes_per_token
         args.prompts = max(1, min(128, int(free // per_prompt)))

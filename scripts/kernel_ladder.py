@@ -74,7 +74,7 @@ from pagedkv_lab.bench.kernel import (
     prefill_ladder_benchmark,
     print_ladder_table,
 )
-from pagedkv_lab.device import default_dtype, device_report, supports_bf16
+from pagedkv_lab.device import default_dtype, device_report, gpu_spec, supports_bf16
 from pagedkv_lab.models import largest_real_shape
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -272,10 +272,9 @@ def _prefill_config(device) -> dict:
     """The launch `paged_attention_tiled` makes for prefill on ``device``."""
     if device.type != "cuda":
         return {"tile_sizes": attention.TILE_SIZES["prefill"], "interpreter": True}
-    tiles, _ = attention.tiled_launch(
-        default_dtype(device), torch.cuda.get_device_capability(device), False
-    )
-    tuned = attention.tuned_launch(torch.cuda.get_device_name(device), "prefill")
+    card = gpu_spec(device)  # an emulated card's rules, if PAGEDKV_EMULATE names one
+    tiles, _ = attention.tiled_launch(default_dtype(device), card.capability, False)
+    tuned = attention.tuned_launch(card.name, "prefill")
     return {"tile_sizes": tiles, **tuned, **attention.TILED_SWITCHES["prefill"]}
 
 

@@ -143,3 +143,90 @@ def test_specs_pass_through_without_torch():
     assert device_mod.memory_budget(t4, 0.5) == t4.total_memory // 2
     tiny = GPUSpec("a 4 GiB card", (8, 6), 4 << 30, 16)
     assert largest_real_shape(tiny) == "Qwen2.5-0.5B"  # the smallest, as a last resort
+
+
+# ---- PAGEDKV_EMULATE: a smaller card's rules on a bigger one ------------------
+
+
+@pytest.fixture
+def emulate(monkeypatch):
+    """A mocked H100 as CUDA device 0, told by ``$PAGEDKV_EMULATE`` to be the
+    card the test names (`emulate("t4")`); returns the calls made to
+    ``torch.cuda.set_per_process_memory_fraction``."""
+    from pagedkv_lab import attention
+
+    h100 = KNOWN_GPUS["H100-80GB"]
+    props = SimpleNamespace(name=h100.name, major=9, minor=0, total_memory=h100.total_memory,
+                            multi_processor_count=h100.multiprocessors)  # fmt: skip
+    caps = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: props)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, index=None: caps.append((fraction, index)))  # fmt: skip
+    monkeypatch.setattr(device_mod, "_capped", set())
+    for cached in (attention._card, attention._multiprocessors):
+        cached.cache_clear()
+
+    def start(name: str):
+        monkeypatch.setenv(device_mod.EMULATE_ENV, name)
+        return caps
+
+    yield start
+    for cached in (attention._card, attention._multiprocessors):
+        cached.cache_clear()
+
+
+def test_an_h100_emulating_a_t4_takes_every_t4_rule(emulate):
+    from pagedkv_lab import attention
+
+    caps = emulate("t4")
+    t4, h100 = KNOWN_GPUS["T4"], KNOWN_GPUS["H100-80GB"]
+    assert gpu_spec(CUDA) == t4
+    assert default_dtype(CUDA) == torch.float16 and not supports_bf16(CUDA)
+    # the kernels' launch reads the card through the rule: pre-Ampere tiles, 40 SMs
+    capability, name = attention._card(0)
+    assert (capability, name) == ((7, 5), "Tesla T4")
+    assert tiled_launch(torch.float16, capability, True)[0] == TILE_SIZES_PRE_AMPERE["decode"]
+    assert attention._multiprocessors(0) == 40
+    # sizes for 15 GiB: the scripts' shape and the benchmark rows
+    assert largest_real_shape(CUDA) == "Llama-3.2-1B"
+    assert device_mod.memory_budget(CUDA, 0.5) == t4.total_memory // 2
+    assert row_peak_bytes(max_row_kv_bytes(CUDA), False) <= t4.total_memory // 2
+    # the memory cap, set once for the device however often the rule is asked
+    gpu_spec(CUDA)
+    assert caps == [(t4.total_memory / h100.total_memory, 0)]
+
+
+def test_the_emulated_cap_bounds_the_kv_budget(emulate, monkeypatch):
+    """`profile_kv_budget` sizes the pool from the emulated card's memory,
+    not the real card's (whose free memory torch still reports)."""
+    from pagedkv_lab import config
+
+    emulate("T4")
+    gib = 2**30
+    allocated = iter([1 * gib])  # the weights
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: next(allocated))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 3 * gib)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (75 * gib, 79 * gib))
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: None)
+    budget = config.profile_kv_budget(lambda **kw: None, 0.9, 16, CUDA)
+    t4 = KNOWN_GPUS["T4"].total_memory
+    assert budget == min(int(0.9 * t4) - 1 * gib - 2 * gib, t4 - 3 * gib)
+
+
+def test_emulation_refuses_unknown_and_larger_cards(emulate, monkeypatch):
+    emulate("v100")
+    with pytest.raises(ValueError, match="names no known card.*t4"):
+        gpu_spec(CUDA)
+    emulate("h100-80gb")  # as large as the real card: allowed, the card itself
+    assert gpu_spec(CUDA) == KNOWN_GPUS["H100-80GB"]
+    t4 = KNOWN_GPUS["T4"]
+    props = SimpleNamespace(name=t4.name, major=7, minor=5, total_memory=t4.total_memory,
+                            multi_processor_count=40)  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: props)
+    emulate("l4")
+    with pytest.raises(ValueError, match="cannot emulate"):
+        gpu_spec(CUDA)
