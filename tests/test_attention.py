@@ -377,8 +377,10 @@ def test_tiled_decode_matches_float64(
     )
 
 
-@pytest.mark.parametrize("segments", [None, 3])
-@pytest.mark.parametrize("shape", PREFILL_SHAPES + [([2, 40, 1], [0, 3, 60], 6, 2, 24, 5)])
+@pytest.mark.parametrize("shape, segments", [
+    pytest.param(shape, segments, marks=() if segments is None or i == 0 else pytest.mark.gpu_sweep)
+    for i, shape in enumerate(PREFILL_SHAPES + [([2, 40, 1], [0, 3, 60], 6, 2, 24, 5)])
+    for segments in (None, 3)])  # fmt: skip
 def test_tiled_prefill_matches_float64(poisoned, shape, segments):
     """Chunks after cached prefixes, sequences with no new tokens, block size 5."""
     q, k, v, tables, ctx, starts = prefill_problem(3, *shape, torch.float32)
@@ -447,9 +449,16 @@ def test_triton_prefill_of_an_empty_batch_and_its_checks():
         paged_prefill_triton(q, k, v, empty, lens, bad)
 
 
+# On a GPU each case compiles kernels of its own: the GPU check's tests step
+# leaves the ``gpu_sweep`` cases out (tests/test_gpu.py says why); on a CPU
+# every case runs, in the interpreter.
+SWEEP = pytest.mark.gpu_sweep
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", list(TOLERANCE))
-@pytest.mark.parametrize("shape", PREFILL_SHAPES)
+@pytest.mark.parametrize("shape, dtype", [
+    pytest.param(shape, dtype, marks=() if dtype == torch.bfloat16 or i == 0 else SWEEP)
+    for i, shape in enumerate(PREFILL_SHAPES) for dtype in TOLERANCE])  # fmt: skip
 def test_triton_prefill_on_cuda_matches_float64(shape, dtype):
     """Compiled for the GPU; the tolerance is the storage type's, relative to the
     largest output, as for decode (fp32 math, the result rounded to ``dtype``)."""
@@ -494,8 +503,17 @@ def close_to(out, ref, dtype):
     assert (out.double().cpu() - ref).abs().max().item() <= bound
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rung", DECODE_LADDER, ids=lambda r: r.name)
+def rung_cases(ladder, shapes=(None,)):
+    """Every rung in fp32 and bf16 (and every shape); on a GPU the check keeps
+    the bf16 cases of the first shape (`SWEEP` marks the rest)."""
+    return [pytest.param(rung, *([] if shape is None else [shape]), dtype,
+                         id=f"{rung.name}-{str(dtype)[6:]}" + ("" if shape is None else f"-{i}"),
+                         marks=() if dtype == torch.bfloat16 and i == 0 else SWEEP)
+            for rung in ladder for i, shape in enumerate(shapes)
+            for dtype in (torch.float32, torch.bfloat16)]  # fmt: skip
+
+
+@pytest.mark.parametrize("rung, dtype", rung_cases(DECODE_LADDER))
 def test_every_decode_rung_matches_float64(poisoned, split_everywhere, rung, dtype):
     """Odd and tiny: a group of 3 (padded to 4 rows), head_dim 24, a shared block."""
     q, k, v, tables, lens = problem(7, 3, 6, 2, 24, 8, 5, dtype, share=True)
@@ -510,9 +528,7 @@ RUNG_PREFILL_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", RUNG_PREFILL_SHAPES)
-@pytest.mark.parametrize("rung", PREFILL_LADDER, ids=lambda r: r.name)
+@pytest.mark.parametrize("rung, shape, dtype", rung_cases(PREFILL_LADDER, RUNG_PREFILL_SHAPES))
 def test_every_prefill_rung_matches_float64(poisoned, split_everywhere, rung, shape, dtype):
     """Prefix-cache hits and chunks (new tokens after cached ones), a sequence
     with no new tokens, tiles that span blocks and tiles inside one block."""
