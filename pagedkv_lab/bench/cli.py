@@ -233,9 +233,14 @@ def _serve_workload(
         f"max_num_seqs {max_num_seqs}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens or max(512, length)}"
     )
+    from .common import _prompt_ids
+    from .report import judge_outputs
+
+    prompts = _prompt_ids(requests)
     rows, outputs = serve_benchmark(
         model,
         requests,
+        prompts=prompts,
         device=device,
         max_model_len=length,
         budget_requests=args.budget_requests,
@@ -255,13 +260,13 @@ def _serve_workload(
     startup = "; ".join(f"{r['system']} {r['startup_s']:.1f}" for r in rows)
     print(textwrap.fill(f"startup s (load, pack or compile, warm-up; not in "
                         f"tok/s): {startup}", 88))  # fmt: skip
-    first = outputs[rows[0]["system"]]
-    same = {k: sum(a == b for a, b in zip(v, first)) for k, v in outputs.items()}
-    print(
-        f"requests with tokens identical to {rows[0]['system']}'s (of {len(first)}): {same}"
-    )
+    # exact in float32; in 16-bit, vLLM's rule at the first difference (pagedkv_lab.compare)
+    judged = judge_outputs(outputs, [r.output_len for r in requests], prompts, model, device)
+    print(f"tokens against {rows[0]['system']}'s:")
     for r in rows:
-        r["identical"] = same[r["system"]]
+        agree = judged[r["system"]]
+        r["identical"], r["sound"] = agree.identical, agree.sound
+        print(textwrap.fill(f"{r['system']}: {agree.summary()}", 88, subsequent_indent="  "))
     if args.plot:
         plot = args.plot
         if len(args.workload) > 1:  # one figure per workload

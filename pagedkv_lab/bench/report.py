@@ -214,6 +214,7 @@ def serve_section(
     out = {}
     for name in workloads:
         w = serve_workload(name, n, max_model_len, budget_requests, systems)
+        prompts = w["prompts"] or _prompt_ids(w["requests"])
         rows, outputs = serve_benchmark(
             model,
             w["requests"],
@@ -223,13 +224,16 @@ def serve_section(
             systems=w["systems"],
             repeats=repeats,
             vllm_python=vllm_python,
-            prompts=w["prompts"],
+            prompts=prompts,
             prefix_caching=w["prefix_caching"],
         )
-        first = outputs[rows[0]["system"]]
+        max_tokens = [r.output_len for r in w["requests"]]
+        judged = judge_outputs(outputs, max_tokens, prompts, model, device)
         for row in rows:
-            same = sum(a == b for a, b in zip(outputs[row["system"]], first))
-            row["same_tokens_as_first"] = same
+            agree = judged[row["system"]]
+            row["same_tokens_as_first"] = agree.identical
+            row["agreement"] = agree.summary()
+            row["sound"] = agree.sound
         out[name] = {
             "requests": len(w["requests"]),
             "budget_requests": w["budget_requests"],
@@ -238,6 +242,30 @@ def serve_section(
         if progress:
             progress(name)
     return out
+
+
+def judge_outputs(outputs: dict, max_tokens, prompts, model, device, base=None) -> dict:
+    """Every system's tokens against ``base``'s (the first system's by default;
+    `compare.compare_systems`): exactly in float32; in 16-bit by vLLM's rule,
+    judged by ``model`` (a name, loaded once in the library's dtype, or a
+    loaded model), only if some request differs."""
+    from ..compare import compare_systems
+    from ..device import default_dtype
+    from ..models import load_model
+
+    exact = default_dtype(device) == torch.float32
+    first = outputs[base] if base is not None else next(iter(outputs.values()))
+    differ = any(o != first for o in outputs.values())
+    judge = None
+    if differ and not exact:
+        judge = load_model(model, device=device)[0] if isinstance(model, str) else model
+    try:
+        return compare_systems(outputs, max_tokens, base=base, exact=exact,
+                               model=judge, prompts=prompts)  # fmt: skip
+    finally:
+        del judge
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def serve_section_steps(
@@ -623,6 +651,8 @@ def blocks_section(
         r["block_size"]: r["paged_ms"] for r in (kernel or {}).get("by_block", [])
     }
     ref = 16 if 16 in block_sizes else block_sizes[0]
+    max_tokens = [p.max_tokens for p in params]
+    judged = judge_outputs(tokens, max_tokens, prompts, pair[0], device, base=ref)
     rows = []
     for bs in block_sizes:
         f = simulate(trace, PagedPool(16 * 2048 // bs, bs, 2048)).fractions()
@@ -634,6 +664,8 @@ def blocks_section(
                 "unfilled_share": f["reserved"] + f["internal"],
                 "kernel_ms": kernel_ms.get(bs),
                 "same_tokens": tokens[bs] == tokens[ref],
+                "sound": judged[bs].sound,
+                "agreement": judged[bs].summary(),
             }
         )
     return {"model": name, "requests": n, "reference_block": ref, "rows": rows}
