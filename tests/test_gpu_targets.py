@@ -43,9 +43,15 @@ def report(tmp_path):
     (tmp_path / "kernels" / "results.json").write_text(json.dumps(kernels))
     decode = {"floor_ms": 10.0, "systems": {"pagedkv": {"decode_ms": 12.5}}, "model": "Llama-3-8B"}
     (tmp_path / "decode" / "results.json").write_text(json.dumps(decode))
-    (tmp_path / "nanovllm" / "a.json").write_text(json.dumps({"model": "Qwen3-0.6B", "tok_s": 9000.0}))
-    in_flight = {"model": "Qwen3-0.6B", "tok_s": 9900.0, "async_scheduling": True}
-    (tmp_path / "nanovllm" / "b.json").write_text(json.dumps(in_flight))
+    breakdown = {"full_batch_decode_steps": {"wall": 9.0, "host": 2.0, "device": 7.0,
+                                             "sampling": 0.5, "waited": 7.0}}
+    published = {"model": "Qwen3-0.6B", "tok_s": 18000.0, "async_scheduling": True,
+                 "breakdown": breakdown}
+    (tmp_path / "nanovllm" / "Qwen3-0.6B.json").write_text(json.dumps(published))
+    sync = {"model": "Qwen3-0.6B", "tok_s": 15000.0, "async_scheduling": False}
+    (tmp_path / "nanovllm" / "Qwen3-0.6B-sync.json").write_text(json.dumps(sync))
+    other = {"model": "Qwen2.5-0.5B", "tok_s": 30000.0, "async_scheduling": True}
+    (tmp_path / "nanovllm" / "Qwen2.5-0.5B.json").write_text(json.dumps(other))
     (tmp_path / "steps.tsv").write_text("versions\tpass\t3\tversions.txt\nkernel ladder\tpass\t300\tkernels.txt\n")
     return tmp_path
 
@@ -57,8 +63,11 @@ def test_figures_come_from_the_files(report):
     assert t["prefill_kernel_over_causal_sdpa"] == 1.4
     assert t["prefill_engine_over_hf_forward"] == 1.2
     assert t["decode_step_over_floor"] == 1.25
-    assert t["nanovllm_bench_tok_s"] == {"Qwen3-0.6B": 9000.0}
-    assert t["nanovllm_async_over_sync"] == {"Qwen3-0.6B": 1.1}
+    assert t["nanovllm_bench_tok_s"] == {"Qwen3-0.6B": 18000.0, "Qwen2.5-0.5B": 30000.0}
+    assert t["nanovllm_meets_goal"] == {"Qwen3-0.6B": True, "Qwen2.5-0.5B": False}
+    assert t["nanovllm_step_ms"]["Qwen3-0.6B"] == {"wall": 9.0, "host": 2.0, "device": 7.0,
+                                                   "sampling": 0.5}
+    assert t["nanovllm_async_over_sync"] == {"Qwen3-0.6B": 1.2}
     assert t["gpu"] == "NVIDIA H100 80GB HBM3" and t["missing"] == {}
     assert t["gpu_check"] == {"all_passed": True, "seconds": 303, "not_run": [], "failed": []}
 
@@ -83,3 +92,29 @@ def test_missing_figures_are_null_with_a_reason(tmp_path):
     assert t["decode_step_over_floor"] is None
     assert "decode_step_over_floor" in t["missing"]
     assert t["gpu_check"]["all_passed"] is False
+
+
+def test_the_gpu_check_plans_its_steps_within_eight_minutes(tmp_path):
+    """`gpu_check.sh --plan` prints every step with its expected seconds, most
+    informative first, without a GPU; the steps of the check itself (the
+    optional ones aside) are planned within the 480 s budget, and --emulate t4
+    adds chapters 04, 05 and 10 run as a T4."""
+    import os
+    import re
+    import subprocess
+
+    script = SCRIPT.parent / "gpu_check.sh"
+    env = {**os.environ, "OUT": str(tmp_path)}
+    run = subprocess.run(["bash", str(script), "--plan", "--budget", "480", "--emulate", "t4"],
+                         capture_output=True, text=True, env=env, check=True)  # fmt: skip
+    plan = (tmp_path / "plan.txt").read_text()
+    names = re.findall(r"^  (\S.*?)\s+(\d+) s$", plan, re.M)
+    order = [n for n, _ in names]
+    assert order[:3] == ["versions", "bench nanovllm Qwen3-0.6B", "bench nanovllm Qwen2.5-0.5B"]
+    assert [n for n in order if n.endswith("as t4")] == [
+        "notebook 04_attention as t4", "notebook 05_engine as t4", "notebook 10_benchmarks as t4"]
+    assert sum(n.startswith("notebook ") and "as t4" not in n for n in order) == 12
+    required = int(re.search(r"of which (\d+) s for the check itself", plan).group(1))
+    emulated = sum(int(s) for n, s in names if n.endswith("as t4"))
+    assert required - emulated <= 480
+    assert "gpu-check" in run.stderr or plan
