@@ -116,6 +116,9 @@ class EngineArgs:
     * ``fused_forward``: the engine's fused runner (True), the model's own
       layers with the paged attention plugged in (False), or the first where
       the model's layout allows it (None); ``enforce_eager``: no CUDA graphs.
+    * ``async_scheduling``: keep one step in flight (the next step planned and
+      launched before this one's tokens are read); None, the default, turns it
+      on with a CUDA device and off on a CPU (`use_async_scheduling`).
     """
 
     block_size: int = 16

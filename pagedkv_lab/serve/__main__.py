@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
         help="schedule each step before the last one's tokens are read "
-        "(default: off; see EngineArgs.async_scheduling)",
+        "(default: on with a GPU, off on a CPU; see EngineArgs.async_scheduling)",
     )  # fmt: skip
     server = p.add_argument_group("server")
     server.add_argument(
