@@ -17,6 +17,7 @@ VERDICT_COLORS = {
     "wrong": SERIES[1],
     "misattributed": SERIES[3],
     "needs a GPU": SERIES[0],
+    "undecided": "#666666",
     "unmeasured": "#999999",
 }
 
@@ -31,18 +32,21 @@ def _claimed(ax, y: int, lo: float, hi: float) -> None:
 
 def plot_claims(shares, multiples, verdict_of, *, title: str, multiple_label: str):
     """Two panels, shares (%) above and multiples (log scale) below. A row is
-    ``(label, claim id, (claimed low, claimed high), measured)``; ``measured``
-    may be None (nothing measured: the claimed figure alone is drawn).
-    ``verdict_of`` maps a claim id to its verdict, which colours the dot."""
+    ``(label, claim id, (claimed low, claimed high), measured)``, with an
+    optional fifth item, True when ``measured`` is only a lower bound (drawn
+    as a right-pointing triangle: at least this much); ``measured`` may be
+    None (nothing measured: the claimed figure alone is drawn). ``verdict_of``
+    maps a claim id to its verdict, which colours the dot."""
     use_style()
     fig, axes = plt.subplots(
         2, 1, figsize=(8, 6.2), gridspec_kw={"height_ratios": [len(shares), len(multiples)]}
     )
     for ax, rows in ((axes[0], shares), (axes[1], multiples)):
-        for y, (_, cid, (lo, hi), value) in enumerate(rows):
+        for y, (_, cid, (lo, hi), value, *bound) in enumerate(rows):
             _claimed(ax, y, lo, hi)
             if value is not None:
-                ax.plot([value], [y], "o", color=VERDICT_COLORS[verdict_of[cid]], ms=8)
+                marker = ">" if bound and bound[0] else "o"
+                ax.plot([value], [y], marker, color=VERDICT_COLORS[verdict_of[cid]], ms=8)
         ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
         ax.invert_yaxis()
     axes[0].set_xlim(0, 100)
@@ -59,6 +63,9 @@ def plot_claims(shares, multiples, verdict_of, *, title: str, multiple_label: st
         for kind, color in VERDICT_COLORS.items()
         if kind in shown
     ]
+    if any(len(r) > 4 and r[4] and r[3] is not None for r in [*shares, *multiples]):
+        handles.append(Line2D([], [], marker=">", ls="", color="#444444",
+                              label="a lower bound (at least)"))  # fmt: skip
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8)
     fig.suptitle(title, fontsize=10)
     top = 0.95 - 0.035 * title.count("\n")  # room for each line of the title

@@ -29,6 +29,20 @@ def test_plot_claims_draws_claims_and_measurements_and_skips_none():
     plt.close(fig)
 
 
+def test_a_lower_bound_is_drawn_as_one():
+    """A multiple that is only a lower bound (S2's when no engine crossed the
+    latency bound) is a right-pointing triangle, with its own legend entry."""
+    shares = [("a share", "M1", (20, 38), 18.4)]
+    multiples = [("at least", "S2", (2, 4), 1.0, True), ("a multiple", "M6", (3, 4), 4.3)]
+    verdicts = {"M1": "holds", "S2": "undecided", "M6": "holds"}
+    fig = plot_claims(shares, multiples, verdicts, title="t", multiple_label="x")
+    markers = [line.get_marker() for line in fig.axes[1].lines if line.get_marker() in "o>"]
+    assert markers.count(">") == 1 and markers.count("o") == 1
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert {"undecided", "a lower bound (at least)"} <= labels
+    plt.close(fig)
+
+
 def test_alpaca_means_follow_the_papers_ratios():
     # §6.1: ShareGPT's prompts 8.4x longer and outputs 5.8x longer than Alpaca's
     assert round(ALPACA_MEAN_PROMPT, 1) == 19.2
