@@ -104,9 +104,13 @@ def make_generator(
     """
     if seed is None:
         return None
-    # Distinct, reproducible streams per sample; sample 0 keeps the plain seed.
-    generator = torch.Generator(device)
-    return generator.manual_seed((seed + index * 0x9E3779B97F4A7C15) % 2**63)
+    return torch.Generator(device).manual_seed(sample_seed(seed, index))
+
+
+def sample_seed(seed: int, index: int = 0) -> int:
+    """The seed of sample ``index`` of a request seeded ``seed``: distinct and
+    reproducible per sample; sample 0 keeps the plain seed."""
+    return (seed + index * 0x9E3779B97F4A7C15) % 2**63
 
 class SequenceState:
     """One sequence of a request: its tokens, its block table, and how many of
@@ -753,13 +757,13 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def counter_uniforms(seeds, samples, positions) -> np.ndarray:
-    """One number in (0, 1) per row, a function of the row's (seed, sample
-    index, position) and of nothing else: a counter-based random number,
-    hashed from its key instead of drawn from a stream. A request's sample
-    draws the same numbers alone, in any batch, and after a preemption."""
+def counter_uniforms(seeds, positions) -> np.ndarray:
+    """One number in (0, 1) per row, a function of the row's seed (its
+    sample's: `make_generator`'s) and of the position of the token it draws,
+    and of nothing else: a counter-based random number, hashed from its key
+    instead of drawn from a stream. A request's sample draws the same numbers
+    alone, in any batch, and after a preemption."""
     key = mix64(np.asarray(seeds, dtype=np.uint64) + _GOLDEN)
-    key = mix64(key + np.asarray(samples, dtype=np.uint64) * _GOLDEN)
     key = mix64(key + np.asarray(positions, dtype=np.uint64) * _GOLDEN)
     # the top 52 bits, centred in their interval: exact in float64, never 0 or 1
     return ((key >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0**-52
@@ -812,16 +816,17 @@ class SamplingColumns:
         columns = upload([temps, tops, self.random.tolist(), ks], torch.float32, device)
         self.temperature, self.top_p = columns[0], columns[1]
         self.is_random, self.top_k = columns[2].bool(), columns[3].long()
-        self.seeds = np.array([(p.seed or 0) % 2**64 for p in ps], dtype=np.uint64)
+        # each sample's own seed, as `make_generator` derives it from the request's
+        self.seeds = np.array([sample_seed(p.seed or 0, s.sample_index)
+                               for p, s in zip(ps, seqs)], dtype=np.uint64)  # fmt: skip
         self.seeded = np.array([p.seed is not None for p in ps])
-        self.samples = np.array([s.sample_index for s in seqs], dtype=np.uint64)
 
     def uniforms(self, seqs: list[Sequence]) -> np.ndarray:
         """This step's random number per row: a seeded row's from its key
-        (seed, sample index, position of the token it draws); an unseeded
+        (its sample's seed, the position of the token it draws); an unseeded
         row's from torch's global stream, in one draw for the batch."""
         positions = np.fromiter((s.num_tokens for s in seqs), np.uint64, len(seqs))
-        u = counter_uniforms(self.seeds, self.samples, positions)
+        u = counter_uniforms(self.seeds, positions)
         if not self.seeded.all():
             free = torch.rand(len(seqs), dtype=torch.float64).numpy()
             u = np.where(self.seeded, u, free)

@@ -14,8 +14,8 @@ The engine samples a step with `sample_batched` instead, on every device: the
 same cuts in the same order, on all rows at once, in a fixed number of
 operations whatever the batch's size (chapter 05's `engine.sample_batched`,
 with ``min_p`` and the logits processing above). Each random row draws one
-counter-based number, hashed from its request's seed, its sample index and the
-position of the token it draws (`engine.counter_uniforms`): a seeded request
+counter-based number, hashed from its sample's seed (`engine.sample_seed`) and
+the position of the token it draws (`engine.counter_uniforms`): a seeded request
 gets the same tokens in any batch, after a preemption, and on a CPU as on a GPU
 up to the rounding of its logits. `sample` is the per-row reference, kept for
 the tests and for reading.
