@@ -258,26 +258,31 @@ def _run_peer(setup, temperature, prompts, max_tokens) -> dict:
 
 def print_result(r: dict) -> None:
     """The run as nano-vllm prints it, then the floor and the peers."""
-    print(f"{r['model']} ({r['dtype']}, random weights), {r['requests']} requests: "
-          f"Total: {r['output_tokens']}tok, Time: {r['seconds']:.2f}s, "
-          f"Throughput: {r['tok_s']:.2f}tok/s"
-          + (" (one step in flight)" if r.get("async_scheduling") else ""))  # fmt: skip
+    import textwrap
+
     from ..kvmath import format_bytes
 
-    print(f"floor-bound: {r['floor_tok_s']:.2f} tok/s ({r['steps']} steps, each reading "
-          f"{format_bytes(r['weight_GB'] * 1e9)} of weights and its sequences' K/V at "
-          f"{r['copy_GBps']:.1f} GB/s); this engine at "
-          f"{r['tok_s'] / r['floor_tok_s']:.1%} of it")  # fmt: skip
+    def say(text: str) -> None:
+        print(textwrap.fill(text, 88, subsequent_indent="  "))
+
+    print(f"{r['model']} ({r['dtype']}, random weights), {r['requests']} requests:")
+    print(f"Total: {r['output_tokens']}tok, Time: {r['seconds']:.2f}s, "
+          f"Throughput: {r['tok_s']:.2f}tok/s"
+          + (" (one step in flight)" if r.get("async_scheduling") else ""))  # fmt: skip
+    say(f"floor-bound: {r['floor_tok_s']:.2f} tok/s ({r['steps']} steps, each reading "
+        f"{format_bytes(r['weight_GB'] * 1e9)} of weights and its sequences' K/V at "
+        f"{r['copy_GBps']:.1f} GB/s); this engine at "
+        f"{r['tok_s'] / r['floor_tok_s']:.1%} of it")  # fmt: skip
     from .steps import format_breakdown
 
     for line in format_breakdown(r.get("breakdown", {})):
-        print(line)
+        say(line)
     if r.get("profile"):
         print(f"profile of 20 decode steps at full batch: {r['profile']}")
     for name, p in r["peers"].items():
         if "error" in p:
             print(f"{name}: failed: {p['error']}")
             continue
-        print(f"{name}: {p['output_tokens']} tokens in {p['seconds']:.2f}s, "
-              f"{p['tok_s']:.2f} tok/s; this engine {r['tok_s'] / p['tok_s']:.2f}x "
-              "its throughput")  # fmt: skip
+        say(f"{name}: {p['output_tokens']} tokens in {p['seconds']:.2f}s, "
+            f"{p['tok_s']:.2f} tok/s; this engine {r['tok_s'] / p['tok_s']:.2f}x "
+            "its throughput")  # fmt: skip
