@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import array
 import ctypes
+import dataclasses
 import functools
 import hashlib
+import heapq
 import importlib.resources
 import json
 import math
@@ -584,6 +586,24 @@ if triton is not None:
                 hi = mid
         return lo
 
+    @triton.jit
+    def _program_start(query_start_ptr, map_ptr, num_seqs, pid,
+                       BLOCK_Q: tl.constexpr, PROGRAM_MAP: tl.constexpr):  # fmt: skip
+        """Program ``pid``'s sequence, first query (local to the sequence; at or
+        past ``q_len`` for a spare program), where the sequence's queries start
+        and how many it has. ``PROGRAM_MAP``: read from the step's map, one load
+        (`tiled_program_map`); else by the binary search."""
+        if PROGRAM_MAP:
+            seq = tl.load(map_ptr + 2 * pid)
+            first_q = tl.load(map_ptr + 2 * pid + 1)
+        else:
+            seq = _find_sequence(query_start_ptr, num_seqs, pid, BLOCK_Q)
+            first_block = tl.load(query_start_ptr + seq) // BLOCK_Q + seq
+            first_q = (pid - first_block) * BLOCK_Q
+        q_start = tl.load(query_start_ptr + seq)
+        q_len = tl.load(query_start_ptr + seq + 1) - q_start
+        return seq, first_q, q_start, q_len
+
 if triton is not None:
 
     @triton.jit
@@ -605,26 +625,42 @@ if triton is not None:
         return tl.sum(products, axis=2)
 
     @triton.jit
-    def _weighted_values(p, v, DOT: tl.constexpr, UPCAST: tl.constexpr):
-        """``p`` [BLOCK_M, TILE_N] times ``v`` [TILE_N, DIM_PAD], the same two ways;
-        on the tensor cores ``p`` goes in the cache's dtype, as FlashAttention's."""
+    def _weighted_values(p, v, acc, DOT: tl.constexpr, UPCAST: tl.constexpr,
+                         DOT_ACC: tl.constexpr):  # fmt: skip
+        """``acc + p @ v``, ``p`` [BLOCK_M, TILE_N], ``v`` [TILE_N, DIM_PAD], the same
+        two ways; on the tensor cores ``p`` goes in the cache's dtype, as
+        FlashAttention's. ``DOT_ACC``: ``acc`` is tl.dot's own accumulator."""
+        if DOT and DOT_ACC:
+            if UPCAST:
+                return tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+            return tl.dot(p.to(v.dtype), v, acc)
         if DOT:
-            return _dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
-        return tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            return acc + _dot(p if UPCAST else p.to(v.dtype), v, UPCAST)
+        return acc + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
 
     @triton.jit
     def _online_softmax_step(
-        s, v, m, norm, acc, DOT: tl.constexpr, UPCAST: tl.constexpr
-    ):
-        """One tile of the recurrence, in base 2. ``s`` [BLOCK_M, TILE_N]: scores
-        times log2(e), -inf where a key is not visible; ``v`` [TILE_N, DIM_PAD]."""
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        # a row that has seen no key yet keeps m = -inf: shift it by 0, not -inf
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s, v, m, norm, acc, qk_scale, DOT: tl.constexpr, UPCAST: tl.constexpr,
+        FOLD: tl.constexpr, DOT_ACC: tl.constexpr, GUARD: tl.constexpr,
+    ):  # fmt: skip
+        """One tile of the recurrence, in base 2. ``s`` [BLOCK_M, TILE_N]: scores,
+        -inf where a key is not visible, already times ``qk_scale`` (the softmax
+        scale x log2(e)), or with ``FOLD`` not: then the scale goes into exp2's
+        argument, one multiply-add. ``GUARD``: a row may have seen no key yet."""
+        if FOLD:
+            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+        else:
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+        shift = m_new
+        if GUARD:  # a row that has seen no key keeps m = -inf: shift it by 0
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - shift)
-        p = tl.exp2(s - shift[:, None])
-        pv = _weighted_values(p, v, DOT, UPCAST)
-        return m_new, norm * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + pv
+        if FOLD:
+            p = tl.exp2(s * qk_scale - shift[:, None])
+        else:
+            p = tl.exp2(s - shift[:, None])
+        acc = _weighted_values(p, v, acc * alpha[:, None], DOT, UPCAST, DOT_ACC)
+        return m_new, norm * alpha + tl.sum(p, axis=1), acc
 
 if triton is not None:
 
@@ -666,11 +702,14 @@ if triton is not None:
         stride_bt_block, stride_k_block, stride_k_slot, qk_scale,
         HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         TILE_N: tl.constexpr, RUN: tl.constexpr, MASKED: tl.constexpr,
-        DOT: tl.constexpr, UPCAST: tl.constexpr,
+        DOT: tl.constexpr, UPCAST: tl.constexpr, FOLD: tl.constexpr,
+        DOT_ACC: tl.constexpr, INF_GUARD: tl.constexpr, DIM_MASK: tl.constexpr,
     ):  # fmt: skip
         """The recurrence over tiles ``lo`` to ``hi - 1``. ``MASKED``: tiles that
         may hold keys some row must not see (past its position, or past the last
-        key); without it every key of every tile is read and scored, no mask."""
+        key); without it every key of every tile is read and scored, no mask.
+        ``DIM_MASK``: mask the head's padding columns (always, when it has some);
+        ``INF_GUARD``: guard rows that saw no key yet in unmasked tiles too."""
         d = tl.arange(0, DIM_PAD)
         for tile in range(lo, hi):
             key_pos, slot = _tile_slots(
@@ -678,17 +717,29 @@ if triton is not None:
                 BLOCK_SIZE, TILE_N, RUN, MASKED,
             )  # fmt: skip
             offs = (slot + kv_offset)[:, None] + d[None, :]
-            kv_mask = (d < HEAD_DIM)[None, :]
-            if MASKED:
-                kv_mask = kv_mask & (key_pos < kv_len)[:, None]
-            k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptr + offs, mask=kv_mask, other=0.0)
-            s = _scores(q, k, DOT, UPCAST) * qk_scale
+            if MASKED and DIM_MASK:
+                kv_mask = (key_pos < kv_len)[:, None] & (d < HEAD_DIM)[None, :]
+            elif MASKED:
+                kv_mask = (key_pos < kv_len)[:, None]
+            else:
+                kv_mask = (d < HEAD_DIM)[None, :]
+            if MASKED or DIM_MASK:
+                k = tl.load(k_ptr + offs, mask=kv_mask, other=0.0)
+                v = tl.load(v_ptr + offs, mask=kv_mask, other=0.0)
+            else:  # whole tiles of an unpadded head: no mask at all
+                k = tl.load(k_ptr + offs)
+                v = tl.load(v_ptr + offs)
+            s = _scores(q, k, DOT, UPCAST)
+            if not FOLD:
+                s = s * qk_scale
             if MASKED:
                 visible = key_pos[None, :] <= position[:, None]
                 visible &= (key_pos < kv_len)[None, :]
                 s = tl.where(visible, s, float("-inf"))
-            m, norm, acc = _online_softmax_step(s, v, m, norm, acc, DOT, UPCAST)
+            m, norm, acc = _online_softmax_step(
+                s, v, m, norm, acc, qk_scale, DOT, UPCAST, FOLD, DOT_ACC,
+                MASKED or INF_GUARD,
+            )  # fmt: skip
         return m, norm, acc
 
 if triton is not None:
@@ -739,7 +790,7 @@ if triton is not None:
     @triton.jit
     def _tiled_attention_kernel(
         q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, query_start_ptr,
-        out_ptr, lse_ptr, qk_scale, num_seqs,  # qk_scale: softmax scale x log2(e)
+        map_ptr, out_ptr, lse_ptr, qk_scale, num_seqs,  # qk_scale: scale x log2(e)
         stride_q_tok, stride_q_head, stride_k_block, stride_k_slot, stride_k_head,
         stride_bt_seq, stride_bt_block, stride_len,
         stride_o_tok, stride_o_head, stride_o_seg, stride_lse_tok, stride_lse_head,
@@ -747,12 +798,14 @@ if triton is not None:
         HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         TILE_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr, UPCAST: tl.constexpr,
         DOT: tl.constexpr, RUN: tl.constexpr, MASK_EVERY_TILE: tl.constexpr,
+        FOLD: tl.constexpr, DOT_ACC: tl.constexpr, PROGRAM_MAP: tl.constexpr,
+        HEAVY_FIRST: tl.constexpr, INF_GUARD: tl.constexpr, DIM_MASK: tl.constexpr,
     ):  # fmt: skip
         pid, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        seq = _find_sequence(query_start_ptr, num_seqs, pid, BLOCK_Q)
-        q_start = tl.load(query_start_ptr + seq)
-        q_len = tl.load(query_start_ptr + seq + 1) - q_start
-        first_q = (pid - (q_start // BLOCK_Q + seq)) * BLOCK_Q
+        if HEAVY_FIRST:  # axis 0 is the KV head: all heads of a Q-block start together
+            pid, kv_head = kv_head, pid
+        seq, first_q, q_start, q_len = _program_start(
+            query_start_ptr, map_ptr, num_seqs, pid, BLOCK_Q, PROGRAM_MAP)
         if first_q >= q_len:  # a spare program of the static grid
             return
         context_len = tl.load(context_lens_ptr + seq * stride_len)
@@ -762,31 +815,29 @@ if triton is not None:
             GROUP, GROUP_PAD, BLOCK_Q, HEAD_DIM, DIM_PAD,
         )  # fmt: skip
         position = prefix + tokens - q_start  # a row sees keys at positions <= it
-
         kv_len = tl.minimum(context_len, prefix + first_q + BLOCK_Q)
-        num_tiles = tl.cdiv(kv_len, TILE_N)
-        per_segment = tl.cdiv(num_tiles, NUM_SEGMENTS)
+        per_segment = tl.cdiv(tl.cdiv(kv_len, TILE_N), NUM_SEGMENTS)
         lo = segment * per_segment
-        hi = tl.minimum(lo + per_segment, num_tiles)
+        hi = tl.minimum(lo + per_segment, tl.cdiv(kv_len, TILE_N))
         m = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), tl.float32)  # running max
         norm = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)  # sum of 2^(s - m)
         acc = tl.zeros([BLOCK_Q * GROUP_PAD, DIM_PAD], tl.float32)  # sum 2^(s-m) v
         table = block_tables_ptr + seq * stride_bt_seq
-        kv_offset = kv_head * stride_k_head
         masked_from = lo  # MASK_EVERY_TILE: every tile is masked
         if not MASK_EVERY_TILE:  # tiles that every row sees whole need no mask
             whole = (prefix + first_q + 1) // TILE_N  # tiles before the diagonal
             masked_from = tl.minimum(hi, tl.maximum(lo, whole))
             m, norm, acc = _attend_tiles(
-                q, m, norm, acc, lo, masked_from, kv_len, position, table, k_ptr,
-                v_ptr, kv_offset, stride_bt_block, stride_k_block, stride_k_slot,
+                q, m, norm, acc, lo, masked_from, kv_len, position, table, k_ptr, v_ptr,
+                kv_head * stride_k_head, stride_bt_block, stride_k_block, stride_k_slot,
                 qk_scale, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE_N, RUN, False, DOT,
-                UPCAST,
+                UPCAST, FOLD, DOT_ACC, INF_GUARD, DIM_MASK,
             )  # fmt: skip
         m, norm, acc = _attend_tiles(
             q, m, norm, acc, masked_from, hi, kv_len, position, table, k_ptr, v_ptr,
-            kv_offset, stride_bt_block, stride_k_block, stride_k_slot, qk_scale,
-            HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE_N, RUN, True, DOT, UPCAST,
+            kv_head * stride_k_head, stride_bt_block, stride_k_block, stride_k_slot,
+            qk_scale, HEAD_DIM, DIM_PAD, BLOCK_SIZE, TILE_N, RUN, True, DOT, UPCAST,
+            FOLD, DOT_ACC, INF_GUARD, DIM_MASK,
         )  # fmt: skip
         _store_rows(
             out_ptr, lse_ptr, acc, m, norm, tokens, heads, segment, row_ok,
@@ -885,13 +936,14 @@ def _card(device_index: int) -> tuple[tuple[int, int], str]:
 def tuned_launch(device_name: str, kind: str) -> dict:
     """The committed winner for ``device_name`` (as `torch.cuda.get_device_name`
     says it) and ``kind`` ("decode" or "prefill"): any of ``tile_sizes``,
-    ``num_warps``, ``num_stages``; ``{}`` when `TUNED_TILES` has none."""
+    ``num_warps``, ``num_stages`` and ``switches`` (of `TILED_SWITCHES`); ``{}``
+    when `TUNED_TILES` has none."""
     try:
         devices = json.loads(TUNED_TILES.read_text()).get("devices", {})
     except (OSError, ValueError):
         return {}
     found = devices.get(device_name, {}).get(kind, {})
-    keep = ("tile_sizes", "num_warps", "num_stages")
+    keep = ("tile_sizes", "num_warps", "num_stages", "switches")
     found = {k: v for k, v in found.items() if k in keep}
     return {k: tuple(v) if k == "tile_sizes" else v for k, v in found.items()}
 
@@ -899,11 +951,20 @@ def tuned_launch(device_name: str, kind: str) -> dict:
 #: (`book/reports/h100/kernel_decode_after.txt`): products on the tensor cores,
 #: every tile masked, each key's block looked up on its own, one fused merge.
 #: Prefill masks only the tiles on the diagonal and looks blocks up once per
-#: run: less work per tile, not yet measured on a GPU.
+#: run (the H100 run of 2026-11-26 timed it, `run_20261126/kernels.txt`). The
+#: levers of the prefill climb stay off until a GPU run commits a winner that
+#: uses them (`tuned_launch`): the scale folded into exp2's multiply-add, tl.dot
+#: accumulating in place, a program map built once per step, the heaviest
+#: Q-blocks first, no head-dim masks when the head is not padded, and no guard
+#: against rows that saw no key in tiles that every row sees whole.
+_LEVERS = dict(fold_scale=False, dot_acc=False, program_map=False,
+               heavy_first=False, dim_masks=True, inf_guard=True)  # fmt: skip
 TILED_SWITCHES = {
-    "decode": dict(dot=True, mask_every_tile=True, block_runs=False, fused_merge=True),
-    "prefill": dict(dot=True, mask_every_tile=False, block_runs=True, fused_merge=True),
-}
+    "decode": dict(dot=True, mask_every_tile=True, block_runs=False, fused_merge=True,
+                   **_LEVERS),
+    "prefill": dict(dot=True, mask_every_tile=False, block_runs=True,
+                    fused_merge=True, **_LEVERS),
+}  # fmt: skip
 
 #: Programs per multiprocessor that `tiled_segments` aims for.
 PROGRAMS_PER_SM = 2
@@ -923,42 +984,80 @@ def tiled_segments(num_programs: int, max_tiles: int, device: torch.device) -> i
     most = 1 << (max(1, max_tiles).bit_length() - 1)  # a power of two <= max_tiles
     return min(16, segments, most)
 
-def _tiled_plan(q, k_cache, block_tables, decode, tile_sizes, num_segments, switches):
-    """The launch's constants: from the tensors' shapes, the card (its tiles and
-    a committed sweep's winner, `tuned_launch`) and the caller's overrides."""
+def _block_q(rows: int, group: int, dot: bool) -> int:
+    """Query positions per Q-block: ``rows`` asked for over the padded group;
+    tl.dot takes 16 rows at least, tl.sum any (2: no tensor of one element)."""
+    group_pad = triton.next_power_of_2(group)
+    return max(1, max(rows, 16 if dot else 2) // group_pad)
+
+
+def _tiled_plan(q, k_cache, block_tables, decode, tile_sizes, num_segments, asked,
+                scale):  # fmt: skip
+    """The launch: grid, the kernel's constants, Triton's options and the
+    switches, from the tensors' shapes, the card (its tiles and a committed
+    sweep's winner, `tuned_launch`) and the caller's overrides (``asked``)."""
     num_tokens, heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    group_pad = triton.next_power_of_2(heads // kv_heads)
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     capability, name = (None, "") if interpreting else _card(q.device.index or 0)
     tiles, upcast = tiled_launch(q.dtype, capability, decode)
     kind = "decode" if decode else "prefill"
     tuned = {} if interpreting else tuned_launch(name, kind)
+    sw = {**TILED_SWITCHES[kind], **tuned.get("switches", {}), **asked}
+    if sw["heavy_first"] and not sw["program_map"]:
+        raise ValueError("heavy_first orders the program map: it needs program_map")
     block_m, tile_n = tile_sizes or tuned.get("tile_sizes", tiles)
     tile_n = max(16, tile_n)
-    # tl.dot takes 16 rows at least; tl.sum any (2: no tensor of one element)
-    block_q = max(1, max(block_m, 16 if switches["dot"] else 2) // group_pad)
+    block_q = _block_q(block_m, heads // kv_heads, sw["dot"])
     num_blocks_q = num_tokens // block_q + block_tables.shape[0]
     if num_segments is None:
         max_tiles = -(-block_tables.shape[1] * block_size // tile_n)
         num_segments = tiled_segments(num_blocks_q * kv_heads, max_tiles, q.device)
     pow2 = block_size & (block_size - 1) == 0
-    run = min(block_size, tile_n) if switches["block_runs"] and pow2 else 0
+    run = min(block_size, tile_n) if sw["block_runs"] and pow2 else 0
+    dim_pad = max(16, triton.next_power_of_2(head_dim))
     constants = dict(
-        GROUP=heads // kv_heads, GROUP_PAD=group_pad, BLOCK_Q=block_q,
-        HEAD_DIM=head_dim, DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size, TILE_N=tile_n, NUM_SEGMENTS=num_segments,
-        UPCAST=upcast, DOT=switches["dot"], RUN=run if run > 1 else 0,
-        MASK_EVERY_TILE=switches["mask_every_tile"],
+        GROUP=heads // kv_heads, GROUP_PAD=triton.next_power_of_2(heads // kv_heads),
+        BLOCK_Q=block_q, HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_SIZE=block_size,
+        TILE_N=tile_n, NUM_SEGMENTS=num_segments, UPCAST=upcast, DOT=sw["dot"],
+        RUN=run if run > 1 else 0, MASK_EVERY_TILE=sw["mask_every_tile"],
+        FOLD=sw["fold_scale"] and scale > 0, DOT_ACC=sw["dot_acc"],
+        PROGRAM_MAP=sw["program_map"], HEAVY_FIRST=sw["heavy_first"],
+        INF_GUARD=sw["inf_guard"], DIM_MASK=sw["dim_masks"] or head_dim != dim_pad,
     )  # fmt: skip
     launch = {k: tuned[k] for k in ("num_warps", "num_stages") if k in tuned}
-    return (num_blocks_q, kv_heads, num_segments), constants, launch
+    grid = (num_blocks_q, kv_heads, num_segments)
+    if sw["heavy_first"]:  # KV heads vary fastest: a Q-block's heads start together
+        grid = (kv_heads, num_blocks_q, num_segments)
+    return grid, constants, launch, sw
+
+def tiled_program_map(query_start_loc, context_lens, num_tokens: int, block_q: int,
+                      heavy_first: bool = False) -> torch.Tensor:  # fmt: skip
+    """``[num_tokens // block_q + seqs, 2]`` int32: each program's sequence and
+    first query (local to the sequence; at or past its query count for a spare
+    program), in launch order: the grid's numbering, or with ``heavy_first``
+    the Q-blocks that read the most keys first. Tensor ops only, no host read."""
+    starts = query_start_loc.long()
+    seqs = starts.numel() - 1
+    seq_ids = torch.arange(seqs, device=starts.device)
+    first_block = starts[:-1] // block_q + seq_ids  # strictly increasing
+    pid = torch.arange(num_tokens // block_q + seqs, device=starts.device)
+    seq = torch.searchsorted(first_block, pid, right=True) - 1
+    first_q = (pid - first_block[seq]) * block_q
+    if heavy_first:  # keys a Q-block reads: its cached prefix, up to its last row
+        q_lens = (starts[1:] - starts[:-1])[seq]
+        prefix = context_lens.to(starts.device).long()[seq] - q_lens
+        reads = torch.where(first_q < q_lens, prefix + first_q + block_q, -1)
+        order = torch.argsort(reads, descending=True, stable=True)
+        seq, first_q = seq[order], first_q[order]
+    return torch.stack([seq, first_q], 1).to(torch.int32)
 
 def paged_attention_tiled(
     q, k_cache, v_cache, block_tables, context_lens, query_start_loc=None,
     scale: float | None = None, num_segments: int | None = None,
     tile_sizes: tuple[int, int] | None = None, check: bool = True,
-    num_warps: int | None = None, num_stages: int | None = None, **switches,
+    num_warps: int | None = None, num_stages: int | None = None,
+    step_map: torch.Tensor | None = None, **switches,
 ) -> torch.Tensor:  # fmt: skip
     """Paged attention with the tiled Triton kernel, decode and prefill alike.
     Without ``query_start_loc``: decode, one query per sequence (the contract of
@@ -966,42 +1065,42 @@ def paged_attention_tiled(
     prefix-cache hits and chunks included. ``num_segments``, ``tile_sizes``,
     ``num_warps`` and ``num_stages`` override the plan (`tiled_segments`,
     `tiled_launch`, `tuned_launch`, Triton's defaults); ``switches`` override
-    `TILED_SWITCHES` (``dot``, ``mask_every_tile``, ``block_runs``,
-    ``fused_merge``). Launches one kernel, and a merge when the keys are split;
-    reads nothing back from the GPU."""
+    `TILED_SWITCHES`. With the ``program_map`` switch, ``step_map`` is the
+    step's `tiled_program_map` (built here when not given). Launches one
+    kernel, and a merge when the keys are split; reads nothing back from the GPU."""
     _check_triton_args(q, k_cache, v_cache, block_tables, context_lens, any_block=True)
     decode = query_start_loc is None
     if check and decode:
         _check_paged_args(q, k_cache, v_cache, block_tables, context_lens)
     elif check:
-        _check_prefill_args(
-            q, k_cache, v_cache, block_tables, context_lens, query_start_loc
-        )
+        _check_prefill_args(q, k_cache, v_cache, block_tables, context_lens,
+                            query_start_loc)  # fmt: skip
     unknown = set(switches) - set(TILED_SWITCHES["decode"])
     if unknown:
         raise TypeError(f"unknown switches {sorted(unknown)}")
-    switches = {**TILED_SWITCHES["decode" if decode else "prefill"], **switches}
     num_tokens, heads, head_dim = q.shape
     if not num_tokens:
         return q.new_empty(q.shape)
     if decode:
         query_start_loc = torch.arange(block_tables.shape[0] + 1, device=q.device)
-    grid, constants, launch = _tiled_plan(
-        q, k_cache, block_tables, decode, tile_sizes, num_segments, switches
-    )
+    scale = scale if scale is not None else 1 / math.sqrt(head_dim)
+    grid, constants, launch, switches = _tiled_plan(
+        q, k_cache, block_tables, decode, tile_sizes, num_segments, switches, scale)
     asked = {"num_warps": num_warps, "num_stages": num_stages}
     launch.update({k: v for k, v in asked.items() if v is not None})
+    if constants["PROGRAM_MAP"] and step_map is None:
+        step_map = tiled_program_map(query_start_loc, context_lens, num_tokens,
+                                     constants["BLOCK_Q"], switches["heavy_first"])
     segments = constants["NUM_SEGMENTS"]
     shape = (num_tokens, heads, segments)
     # one segment: the program's answer is final, stored in q's dtype, no lse
     out = _new_buffer((*shape, head_dim), torch.float32 if segments > 1 else q.dtype,
                       q.device)  # fmt: skip
     lse = _new_buffer(shape, torch.float32, q.device) if segments > 1 else out
-    scale = scale if scale is not None else 1 / math.sqrt(head_dim)
     _tiled_attention_kernel[grid](
-        q, k_cache, v_cache, block_tables, context_lens, query_start_loc, out, lse,
-        scale * 1.4426950408889634, block_tables.shape[0],
-        q.stride(0), q.stride(1),
+        q, k_cache, v_cache, block_tables, context_lens, query_start_loc,
+        query_start_loc if step_map is None else step_map, out, lse,
+        scale * 1.4426950408889634, block_tables.shape[0], q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), block_tables.stride(1), context_lens.stride(0),
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1),
@@ -1047,7 +1146,27 @@ class Rung:
                 len(context_lens), k_cache.shape[2], k_cache.shape[1], q.device
             )
             options["num_segments"] = -(-block_tables.shape[1] // per_part)
+        if options.get("program_map") and not decode:
+            options["step_map"] = self._step_map(q, k_cache, context_lens,
+                                                 query_start_loc, options)  # fmt: skip
         return paged_attention_tiled(*args, query_start_loc, check=check, **options)
+
+    def _step_map(self, q, k_cache, context_lens, query_start_loc, options):
+        """The step's program map, built once while the step's tensors stay the
+        same, as an engine builds it once per step for all its layers."""
+        rows = options.get("tile_sizes", TILE_SIZES["prefill"])[0]
+        group = q.shape[1] // k_cache.shape[2]
+        block_q = _block_q(rows, group, options.get("dot", True))
+        key = (query_start_loc._version, context_lens._version, q.shape[0], block_q)
+        held = self._workspace.get("step_map")
+        same = held is not None and held[0] is query_start_loc
+        if not (same and held[1] is context_lens and held[2] == key):
+            heavy = options.get("heavy_first", False)
+            built = tiled_program_map(query_start_loc, context_lens, q.shape[0],
+                                      block_q, heavy)  # fmt: skip
+            held = (query_start_loc, context_lens, key, built)
+            self._workspace["step_map"] = held
+        return held[3]
 
     @functools.cached_property
     def _workspace(self) -> dict:
@@ -1090,6 +1209,8 @@ DECODE_LADDER = [
          "fewer: faster only where attention itself takes tens of microseconds"),
 ]  # fmt: skip
 
+_BIG = dict(tile_sizes=(128, 64), num_warps=8, num_stages=2)  # rung 7's launch
+_MAP = dict(_BIG, fold_scale=True, dot_acc=True, program_map=True)  # rung 10
 PREFILL_LADDER = [
     Rung("PyTorch, sequence by sequence", "gather each sequence's blocks, SDPA with "
          "an explicit causal mask, a Python loop over sequences", "3x the K/V "
@@ -1100,8 +1221,8 @@ PREFILL_LADDER = [
          "before it: about L^2/2 key loads per KV head for L tokens", kernel="first"),
     Rung("Q-blocks, every tile masked", "BLOCK_Q positions x G heads share each "
          "K/V tile (64 rows, 64 keys); tl.dot", "K/V loaded once per 16 positions, "
-         "products on the tensor cores: within a small factor of causal SDPA",
-         options=dict(tile_sizes=(64, 64), num_warps=4, **_EVERY_TILE)),
+         "products on the tensor cores", options=dict(
+             tile_sizes=(64, 64), num_warps=4, **_EVERY_TILE)),
     Rung("only diagonal tiles masked", "tiles every row sees whole are read and "
          "scored without masks; only the diagonal ones mask", "drops the mask work "
          "from all but about one tile in eight of a 1,024-token prompt",
@@ -1110,14 +1231,203 @@ PREFILL_LADDER = [
     Rung("block runs", "one block-table load per block of a tile, not per key",
          "4 table loads per 64-key tile instead of 64: a small gain",
          options=dict(tile_sizes=(64, 64), num_warps=4)),
-    Rung("Hopper tiles", "128 rows (32 positions x 4 heads), 8 warps, 3 pipeline "
-         "stages", "half the K/V loads per prompt and the next tiles' loads "
-         "overlapping the products, if the registers allow",
-         options=dict(tile_sizes=(128, 64), num_warps=8, num_stages=3)),
-    Rung("tuned (the library's default)", "the committed sweep's winner for this "
-         "GPU (`tuned_launch`); without one, the block-runs rung", "the sweep's "
-         "best, by construction"),
+    Rung("128-row Q-blocks", "128 rows (32 positions x 4 heads), still 4 warps",
+         "each loaded K/V byte serves twice the rows (half the L2 traffic), but a "
+         "128 x 128 fp32 accumulator on 128 threads: registers spill",
+         options=dict(tile_sizes=(128, 64), num_warps=4)),
+    Rung("8 warps", "8 warps (two warpgroups of 64 rows) for the 128 rows",
+         "half the registers per thread: no spills, wgmma on each warpgroup",
+         options=dict(tile_sizes=(128, 64), num_warps=8)),
+    Rung("2 pipeline stages", "2 stages of K/V tiles in shared memory, not "
+         "Triton's default 3", "less shared memory per program: two programs fit "
+         "on a multiprocessor where one did", options=dict(_BIG)),
+    Rung("scale in exp2's multiply-add", "scores stay unscaled; the softmax scale "
+         "goes into exp2's argument, one multiply-add per score",
+         "one FP32 multiply fewer per score", options=dict(_BIG, fold_scale=True)),
+    Rung("tl.dot accumulates", "p @ v accumulates into the rescaled accumulator "
+         "inside tl.dot", "one FP32 add fewer per output element and tile",
+         options=dict(_BIG, fold_scale=True, dot_acc=True)),
+    Rung("program map", "each program reads its (sequence, first query) from a "
+         "map built once per step, no binary search", "fewer dependent loads "
+         "before a program's first tile", options=_MAP),
+    Rung("heaviest Q-blocks first", "the map lists the Q-blocks that read the "
+         "most keys first; all KV heads of one start together", "a shorter tail: "
+         "the last wave holds the lightest programs",
+         options=dict(_MAP, heavy_first=True)),
+    Rung("no head-dim masks", "loads of tiles every row sees whole carry no mask "
+         "when the head is not padded (head_dim 128)", "fewer predicate "
+         "instructions per load: a small gain",
+         options=dict(_MAP, heavy_first=True, dim_masks=False)),
+    Rung("no -inf guard in whole tiles", "the guard for rows that saw no key "
+         "yet stays only in masked tiles", "one compare and select fewer per row "
+         "and tile: a small gain",
+         options=dict(_MAP, heavy_first=True, dim_masks=False, inf_guard=False)),
+    Rung("tuned (the library's default)", "not a rung: the library's own launch, "
+         "a committed sweep's winner for this GPU (`tuned_launch`), else the "
+         "block-runs rung's", "the best rung or better, by construction"),
 ]  # fmt: skip
+
+@dataclass(frozen=True)
+class CardModel:
+    """The figures the chapter's model takes from a card: datasheet, papers,
+    committed measurements, and hypotheses (named: a run tests them)."""
+
+    name: str
+    sms: int
+    tensor_flops: float  # dense 16-bit tensor-core peak, FLOP/s
+    mma_sync_share: float  # mma.sync's share of it (wgmma: all of it)
+    exp_per_s: float  # exponentials per second (special-function units)
+    fp32_per_s: float  # FP32 instructions per second (an FMA is one)
+    hbm_Bps: float  # device memory bandwidth, bytes/s
+    l2_Bps: float  # hypothesis until a run measures it
+    latency_s: float  # one dependent memory round trip: hypothesis
+    launch_gap_s: float  # between two kernels of a graph replay: hypothesis
+    regs_per_sm: int = 65536
+    smem_per_sm: int = 227 * 1024  # one block's most
+    warps_per_sm: int = 64
+
+    def with_measured(self, ceilings: dict | None) -> CardModel:
+        """This model with a run's measured ceilings (`bench.kernel.ceilings`)."""
+        got = {k: v for k, v in (ceilings or {}).items()
+               if k in ("tensor_flops", "hbm_Bps", "l2_Bps") and v}  # fmt: skip
+        return dataclasses.replace(self, **got)
+
+
+#: H100 SXM: datasheet (132 SMs, 989 TFLOPS dense bf16, 67 TFLOPS FP32 counting
+#: an FMA as two, 3.35 TB/s); FlashAttention-3's paper (mma.sync ~2/3 of peak,
+#: 3.9 T exponentials/s); hypotheses: L2 at twice the HBM bandwidth, 0.5 us a
+#: memory round trip, 2 us between the kernels of a graph replay.
+H100_SXM = CardModel("H100 SXM", 132, 989e12, 2 / 3, 3.9e12, 33.5e12, 3.35e12,
+                     6.7e12, 0.5e-6, 2e-6)  # fmt: skip
+
+
+def rung_settings(rung: Rung, kind: str) -> dict:
+    """What a tiled rung launches with (leaving out a card's committed tuning):
+    `TILED_SWITCHES` with the rung's options, tiles, warps and stages."""
+    o = {**TILED_SWITCHES[kind], **rung.options}
+    rows, keys = o.pop("tile_sizes", TILE_SIZES[kind])
+    o.pop("num_segments", None)
+    return {**o, "rows": rows, "keys": keys, "split": rung.split,
+            "num_warps": o.get("num_warps") or 4, "num_stages": o.get("num_stages")}
+
+def _occupancy(card, warps, regs, smem, programs_per_sm):
+    """Programs a multiprocessor holds at once: registers, shared memory, warps."""
+    by_regs = card.regs_per_sm // (min(regs, 255) * 32 * warps)
+    fits = min(card.warps_per_sm // warps, by_regs, card.smem_per_sm // max(smem, 1))
+    return max(1, min(fits, math.ceil(programs_per_sm)))
+
+
+def _list_schedule(jobs: list[float], slots: int) -> float:
+    """When the last of ``jobs`` (seconds, in launch order) ends on ``slots``."""
+    free = [0.0] * min(slots, len(jobs))
+    for job in jobs:
+        heapq.heapreplace(free, free[0] + job)
+    return max(free, default=0.0)
+
+
+def _tile_costs(s, card, rows, keys, head_dim, masked_share, r, regs):
+    """Seconds one program spends per tile of ``keys`` keys (prefill and decode):
+    tensor cores (wgmma needs 64 rows a warpgroup), exponentials, other FP32
+    work, and spilled registers; shared with r - 1 other programs on its SM."""
+    sm = card.sms
+    wgmma = rows // max(1, s["num_warps"] // 4) >= 64 and s["num_warps"] % 4 == 0
+    rate = card.tensor_flops * (1 if wgmma else card.mma_sync_share) / sm
+    flops = 4 * rows * keys * head_dim
+    mma = flops / rate if s["dot"] else flops / (2 * card.fp32_per_s / sm)
+    exps = rows * keys / (card.exp_per_s / sm)
+    per_score = 4 - s["fold_scale"] + 3 * masked_share  # scale, max, sub, sum; masks
+    per_row = head_dim * (2 - (s["dot_acc"] and s["dot"])) + 2 * s["inf_guard"]
+    fp32 = (rows * keys * per_score + rows * per_row) / (card.fp32_per_s / sm)
+    spill = max(0, regs - 255) * 4 * 32 * s["num_warps"] * 2 / (card.l2_Bps / sm)
+    serial = mma + exps + fp32 + spill
+    return max(serial, r * mma, r * (exps + fp32)) + r * spill, wgmma
+
+
+def _resources(s, rows, keys, head_dim, itemsize, resources):
+    """(registers a thread, shared memory bytes): compiled where known, else
+    estimated: the fp32 accumulator and scores and the Q tile over the threads,
+    and the pipeline's K/V tiles plus Q in shared memory."""
+    threads = 32 * s["num_warps"]
+    regs = (rows * head_dim * (4 + itemsize) + rows * keys * 4) // (4 * threads) + 32
+    stages = (s["num_stages"] or 3) if s["dot"] else 1
+    smem = stages * 2 * keys * head_dim * itemsize + rows * head_dim * itemsize
+    got = resources or {}
+    if got.get("n_regs"):  # Triton's n_spills: spilled 32-bit words a thread
+        regs = got["n_regs"] + (got.get("n_spills") or 0)
+    return regs, got.get("shared") or smem
+
+
+def _decode_pieces(s, card, seqs, kv_heads, block_q, length, keys) -> int:
+    """Pieces each decode sequence's keys are split into: the first kernel's
+    512-token partitions when the grid would leave SMs idle, or `tiled_segments`'
+    rule (cover the SMs twice, counting the static grid's spare programs)."""
+    if s["split"] == "partitions":
+        return 1 if seqs * kv_heads >= 4 * card.sms else math.ceil(length / 512)
+    grid = (seqs // block_q + seqs) * kv_heads
+    if grid >= 2 * card.sms:
+        return 1
+    return min(16, triton.next_power_of_2(math.ceil(2 * card.sms / grid)),
+               math.ceil(length / keys))  # fmt: skip
+
+def predict_rung(rung: Rung, kind: str, shape: tuple[int, int], heads=(32, 8, 128),
+                 card: CardModel = H100_SXM, resources: dict | None = None,
+                 itemsize: int = 2) -> dict:  # fmt: skip
+    """The model's time for ``rung`` at ``shape`` ((batch, context) in decode,
+    (prompts, tokens) in prefill) on ``card``: ``ms``, the term that binds and
+    the occupancy. ``resources``: the compiled kernel's (``n_regs``,
+    ``n_spills``, ``shared``), where a run recorded them."""
+    num_heads, kv_heads, d = heads
+    group = num_heads // kv_heads
+    seqs, length = shape
+    kv_bytes = 2 * seqs * kv_heads * length * d * itemsize
+    floor = kv_bytes / card.hbm_Bps
+    if rung.kernel == "torch" and kind == "decode":  # read, write, read
+        return {"ms": 1e3 * rung.traffic * floor, "bound": "HBM, 3 passes"}
+    if rung.kernel == "torch":  # an explicit mask: every score, no wgmma
+        flops = 4 * d * num_heads * seqs * length * length
+        mma = flops / (card.tensor_flops * card.mma_sync_share)
+        return {"ms": 1e3 * (rung.traffic * floor + mma), "bound": "compute"}
+    s = (rung_settings(rung, kind) if rung.kernel == "tiled" else dict(
+        dot=False, fold_scale=False, dot_acc=False, inf_guard=True, num_warps=4,
+        num_stages=1, rows=2, keys=16, mask_every_tile=True, fused_merge=False,
+        program_map=False, heavy_first=False, split="partitions"))  # fmt: skip
+    rows = 1 if rung.kernel == "first" and kind == "prefill" else s["rows"]
+    block_q = _block_q(rows, group, s["dot"])
+    m, keys = block_q * triton.next_power_of_2(group), s["keys"]
+    if kind == "decode":  # one program per sequence and KV head, and per piece
+        pieces = _decode_pieces(s, card, seqs, kv_heads, block_q, length, keys)
+        tiles_each = [math.ceil(length / keys / pieces)] * seqs
+        programs = seqs * kv_heads * pieces
+    else:  # each Q-block reads its keys up to its diagonal
+        tiles_each = [math.ceil(min(length, b + block_q) / keys)
+                      for _ in range(seqs) for b in range(0, length, block_q)]
+        programs, pieces = len(tiles_each) * kv_heads, 1
+    regs, smem = _resources(s, m, keys, d, itemsize, resources)
+    r = _occupancy(card, s["num_warps"], regs, smem, programs / card.sms)
+    masked = 1.0 if s["mask_every_tile"] or kind == "decode" else min(
+        1.0, (block_q + keys) / max(1, length / 2))  # the diagonal's tiles
+    tile_s, wgmma = _tile_costs(s, card, m, keys, d, masked, r, regs)
+    tile_bytes = 2 * keys * d * itemsize
+    l2 = r * tile_bytes / (card.l2_Bps / card.sms)
+    tile_s = max(tile_s, l2)  # loads overlap the math (pipelined) up to L2's rate
+    starts = 2 + (0 if s["program_map"] else max(1, math.ceil(math.log2(seqs))))
+    start_s = starts * card.latency_s
+    found = {"occupancy": r, "registers": regs, "shared": smem, "wgmma": wgmma}
+    if kind == "decode":  # Little's law: in flight, a table lookup then the keys
+        inflight = ((s["num_stages"] or 3) if s["dot"] else 1) * tile_bytes
+        drawn = min(card.hbm_Bps, card.sms * r * inflight / (2 * card.latency_s))
+        mem_s = kv_bytes / drawn
+        merges = 0 if pieces == 1 else (1 if s["fused_merge"] else 5)
+        compute = sum(tiles_each) * pieces * kv_heads * tile_s / (card.sms * r)
+        total = max(mem_s, compute) + start_s + merges * card.launch_gap_s
+        bound = "latency (Little's law)" if drawn < card.hbm_Bps else "HBM"
+        return {"ms": 1e3 * total, "bound": bound if mem_s >= compute else "compute",
+                **found}  # fmt: skip
+    order = sorted(tiles_each, reverse=True) if s["heavy_first"] else tiles_each
+    jobs = [start_s + t * tile_s for t in order for _ in range(kv_heads)]
+    total = max(_list_schedule(jobs, card.sms * r), floor)
+    bound = "L2" if l2 >= tile_s * 0.999 else "compute"
+    return {"ms": 1e3 * total, "bound": bound, **found}
 
 # the kernel's source ships inside the package (package data)
 CSRC = Path(

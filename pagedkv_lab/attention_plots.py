@@ -13,10 +13,11 @@ from .plotting import COLORS, SERIES
 MEASURED_KERNEL = SERIES[0]  # a kernel timed as CUDA-graph replays
 MEASURED_LAUNCHED = SERIES[1]  # the PyTorch path, timed as launched from Python
 #: The course's goal for the prefill kernel: the geometric mean over the ladder's
-#: shapes of its time over causal SDPA (FlashAttention on a GPU) at most 1.25, the
-#: check `scripts/kernel_ladder.py` prints. A goal the project set itself, not a
+#: shapes of its time over causal SDPA (whichever backend PyTorch dispatches to;
+#: the ladder run records it) at most 1.10, the check `scripts/kernel_ladder.py`
+#: prints (issue 46; 1.25 before). A goal the project set itself, not a
 #: published figure.
-PREFILL_GOAL_OVER_SDPA = 1.25
+PREFILL_GOAL_OVER_SDPA = 1.10
 #: The tiled kernel's tiles by what a program does with them.
 TILE_WHOLE, TILE_MASKED, TILE_SKIPPED = SERIES[0], SERIES[4], COLORS["free"]
 

@@ -481,8 +481,6 @@ def test_triton_prefill_on_cuda_matches_float64(shape, dtype):
 from pagedkv_lab.attention import (  # noqa: E402
     DECODE_LADDER,
     PREFILL_LADDER,
-    TILE_SIZES,
-    TILED_SWITCHES,
     tuned_launch,
 )
 from pagedkv_lab.attention_plots import tile_plan  # noqa: E402
@@ -628,28 +626,109 @@ def test_tuned_launch_reads_the_committed_file(monkeypatch, tmp_path):
         tuned_launch.cache_clear()
 
 
-def rung_settings(rung, kind):
-    o = {**TILED_SWITCHES[kind], **rung.options}
-    rows, keys = o.get("tile_sizes", TILE_SIZES[kind])
-    return {"dot": o["dot"], "rows": rows, "keys": keys, "split": rung.split,
-            "fused_merge": o["fused_merge"], "mask_every_tile": o["mask_every_tile"],
-            "block_runs": o["block_runs"], "num_warps": o.get("num_warps"),
-            "num_stages": o.get("num_stages")}  # fmt: skip
-
-
-#: What one rung may change at once: tl.dot needs its 16 rows; a launch
-#: configuration is rows, warps and stages together.
-ONE_CHANGE = [{"dot", "rows"}, {"keys"}, {"split"}, {"fused_merge"},
-              {"mask_every_tile"}, {"block_runs"}, {"rows", "num_warps", "num_stages"}]  # fmt: skip
+#: What one rung may change at once: tl.dot needs its 16 rows.
+ONE_CHANGE = [{"dot", "rows"}, {"keys"}, {"split"}, {"fused_merge"}, {"mask_every_tile"},
+              {"block_runs"}, {"rows"}, {"num_warps"}, {"num_stages"}, {"fold_scale"},
+              {"dot_acc"}, {"program_map"}, {"heavy_first"}, {"dim_masks"},
+              {"inf_guard"}]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
 def test_every_tiled_rung_changes_one_setting(kind):
+    """Each rung changes one setting of the one below; the last entry is the
+    library's own launch (a committed winner, or the defaults), not a rung."""
+    from pagedkv_lab.attention import rung_settings
+
     ladder = DECODE_LADDER if kind == "decode" else PREFILL_LADDER
-    assert len(ladder) >= 6 and ladder[-1].options == {}  # the top rung: the default
+    assert len(ladder) >= 6 and ladder[-1].options == {}  # the top: the default
     assert [r.kernel for r in ladder[:2]] == ["torch", "first"]
     tiled = [r for r in ladder if r.kernel == "tiled"]
-    for below, rung in zip(tiled, tiled[1:]):
+    rungs = tiled if kind == "decode" else tiled[:-1]
+    for below, rung in zip(rungs, rungs[1:]):
         a, b = rung_settings(below, kind), rung_settings(rung, kind)
         changed = {key for key in a if a[key] != b[key]}
         assert changed and any(changed <= group for group in ONE_CHANGE), (rung.name, changed)
+
+
+@pytest.mark.parametrize("heavy", [False, True])
+def test_the_program_map_numbers_programs_as_the_binary_search(heavy):
+    """`tiled_program_map` gives every program the (sequence, first query) the
+    kernel's binary search finds (`query_blocks` of chapter 04, in Python);
+    heavy_first reorders them, the heaviest Q-block first."""
+    from pagedkv_lab.attention import tiled_program_map
+
+    q_lens, cached, block_q = [1, 1, 37, 0, 300, 5, 1, 180], [9, 0, 3, 4, 0, 20, 7, 0], 16
+    starts = torch.tensor([0, *q_lens]).cumsum(0)
+    ctx = torch.tensor(q_lens) + torch.tensor(cached)
+    got = tiled_program_map(starts, ctx, int(starts[-1]), block_q, heavy).tolist()
+    first_block = [int(s) // block_q + i for i, s in enumerate(starts[:-1])]
+    want = []
+    for pid in range(int(starts[-1]) // block_q + len(q_lens)):
+        seq = max(i for i, b in enumerate(first_block) if b <= pid)
+        want.append([seq, (pid - first_block[seq]) * block_q])
+    assert sorted(got) == sorted(want) and (got == want) != heavy
+    if heavy:
+        reads = [cached[s] + f + block_q if f < q_lens[s] else -1 for s, f in got]
+        assert reads == sorted(reads, reverse=True)
+
+
+@pytest.mark.parametrize("segments", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_prefill_levers_change_no_result(poisoned, segments, dtype):
+    """Each lever of the prefill climb alone, on a padded head (40) and an
+    unpadded one (64), chunks after cached prefixes and a sequence with no
+    queries: the float64 reference within the dtype's rounding."""
+    levers = [dict(fold_scale=True), dict(dot_acc=True), dict(program_map=True),
+              dict(program_map=True, heavy_first=True), dict(dim_masks=False),
+              dict(inf_guard=False)]  # fmt: skip
+    for head_dim in (40, 64):
+        q, k, v, tables, ctx, starts = prefill_problem(
+            9, [21, 1, 0, 70], [5, 16, 3, 0], 8, 2, head_dim, 16, dtype)
+        ref = reference_paged_attention(q, k, v, tables, ctx, starts)
+        args = on_device(q, k, v, tables, ctx, starts)
+        for lever in levers:
+            out = paged_attention_tiled(*args, num_segments=segments,
+                                        tile_sizes=(32, 16), **lever)  # fmt: skip
+            close_to(out, ref, dtype)
+
+
+def test_heavy_first_needs_the_program_map():
+    q, k, v, tables, ctx, starts = prefill_problem(1, [4], [0], 4, 2, 16, 8, torch.float32)
+    with pytest.raises(ValueError, match="program_map"):
+        paged_attention_tiled(*on_device(q, k, v, tables, ctx, starts), heavy_first=True)
+
+
+def test_the_model_predicts_every_rung_at_every_ladder_shape():
+    """`predict_rung` gives a positive time for every rung and shape, and moves
+    where the chapter says it must: 128 rows on 4 warps spill registers."""
+    from pagedkv_lab.attention import predict_rung
+    from pagedkv_lab.bench.kernel import LADDER_DECODE_SHAPES, LADDER_PREFILL_SHAPES
+
+    for kind, ladder, shapes in (("decode", DECODE_LADDER, LADDER_DECODE_SHAPES),
+                                 ("prefill", PREFILL_LADDER, LADDER_PREFILL_SHAPES)):  # fmt: skip
+        for rung in ladder:
+            for shape in shapes:
+                assert predict_rung(rung, kind, shape)["ms"] > 0
+    spill = predict_rung(PREFILL_LADDER[5], "prefill", (4, 1024))
+    assert spill["registers"] > 255
+    assert predict_rung(PREFILL_LADDER[6], "prefill", (4, 1024))["ms"] < spill["ms"]
+
+
+def test_the_ladder_smoke_run_covers_every_rung(tmp_path):
+    """``kernel_ladder.py --smoke --sections ladder``: every rung of both ladders
+    runs (in the interpreter on a CPU) and kernel_ladder.json holds each row
+    with its prediction beside its measurement."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "kernel_ladder.py"
+    spec = importlib.util.spec_from_file_location("kernel_ladder", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--smoke", "--sections", "ladder", "--out", str(tmp_path)]) == 0
+    found = json.loads((tmp_path / "kernel_ladder.json").read_text())
+    for kind, ladder in (("decode", DECODE_LADDER), ("prefill", PREFILL_LADDER)):
+        rows = [r for r in found["rows"] if r["kind"] == kind]
+        assert sorted({r["rung"] for r in rows}) == list(range(len(ladder)))
+        assert all("ms" in r and r["predicted_ms"] > 0 and "resources" in r for r in rows)

@@ -432,7 +432,9 @@ def test_committed_ladder_reads_each_rung_from_the_file_that_holds_it():
     for rung in (2, 3, 4):
         assert not any(r["measured"] for r in rows if (r["kind"], r["rung"]) == ("decode", rung))
     assert row("prefill", 2, (4, 1024))["over_causal_sdpa"] == 2.08
-    assert sum(r["measured"] for r in rows if r["kind"] == "prefill") == 3
+    # rung 2 from the sweep; rung 4 and the default (the same launch then) from
+    # the run of 2026-11-26
+    assert sum(r["measured"] for r in rows if r["kind"] == "prefill") == 9
 
 
 def test_a_committed_ladder_run_comes_first(tmp_path):
@@ -482,7 +484,7 @@ def test_ladder_benchmarks_time_every_rung_beside_its_bar(capsys):
     assert rows[-1]["over_causal_sdpa"] > 0 and rows[-1]["max_error"] < 1e-4
     assert {"rung", "name", "change", "prediction"} <= set(rows[-1])
     print_ladder_table(rows)
-    assert "x causal SDPA" in capsys.readouterr().out
+    assert "x causal" in capsys.readouterr().out
 
 
 def test_kernel_ladder_writes_the_prefill_kernel_target(tmp_path, capsys):

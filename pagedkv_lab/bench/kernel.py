@@ -3,6 +3,7 @@ benchmark (`python -m pagedkv_lab.bench kernel`) and its tables."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -335,36 +336,107 @@ def _rung_row(index: int, rung, kind: str) -> dict:
             "kernel": rung.kernel}  # fmt: skip
 
 
-def _time_rungs(rows: dict, calls: dict, device, repeats: int) -> dict:
+#: The Triton kernels of `pagedkv_lab.attention` whose compiled form a rung reports.
+_KERNELS = ("_tiled_attention_kernel", "_paged_decode_kernel", "_merge_segments_kernel")
+
+
+@contextlib.contextmanager
+def recorded_launches():
+    """The Triton launches `pagedkv_lab.attention` makes inside the block, as
+    ``(kernel name, compiled kernel)`` pairs (None in the interpreter, which
+    compiles nothing): each launch returns Triton's `CompiledKernel`."""
+    from .. import attention
+
+    seen: list[tuple[str, object]] = []
+    saved = {name: getattr(attention, name) for name in _KERNELS if hasattr(attention, name)}
+
+    class Recorded:
+        def __init__(self, name, fn):
+            self.name, self.fn = name, fn
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                compiled = self.fn[grid](*args, **kwargs)
+                seen.append((self.name, compiled))
+                return compiled
+
+            return launch
+
+    try:
+        for name, fn in saved.items():
+            setattr(attention, name, Recorded(name, fn))
+        yield seen
+    finally:
+        for name, fn in saved.items():
+            setattr(attention, name, fn)
+
+
+def compiled_resources(compiled) -> dict:
+    """Registers a thread, spilled 32-bit words a thread and shared memory (bytes)
+    of a compiled Triton kernel (`CompiledKernel.n_regs`, ``n_spills``,
+    ``metadata.shared``, filled when the kernel is loaded), with its warps and
+    stages; ``{}`` for the interpreter's None."""
+    if compiled is None:
+        return {}
+    meta = compiled.metadata
+    return {"n_regs": getattr(compiled, "n_regs", None),
+            "n_spills": getattr(compiled, "n_spills", None),
+            "shared": getattr(meta, "shared", None),
+            "num_warps": getattr(meta, "num_warps", None),
+            "num_stages": getattr(meta, "num_stages", None)}  # fmt: skip
+
+
+def _time_rungs(rows: dict, calls: dict, device, repeats: int, warmup: int = 3) -> dict:
     """Time ``calls`` (a baseline, then one call per rung row) side by side: on a
     GPU the PyTorch rungs, which read lengths back to the host, as launched and
     every other call as CUDA-graph replays. A rung that raises (a variant that
-    does not compile on this card) gets its error in its row; the rest run."""
+    does not compile on this card) gets its error in its row; the rest run.
+    Each rung's first call records its attention kernel's compiled resources
+    (``resources``: `compiled_resources`; ``{}`` in the interpreter)."""
     ok = {}
     for name, call in calls.items():
         try:
-            call()
+            with recorded_launches() as seen:
+                call()
             ok[name] = call
         except Exception as err:
             if name not in rows:
                 raise
             rows[name]["error"] = f"{type(err).__name__}: {err}"[:300]
+            continue
+        if name in rows:
+            main = [c for n, c in seen if n != "_merge_segments_kernel"]
+            rows[name]["resources"] = compiled_resources(main[0] if main else None)
+            rows[name]["launches"] = len(seen)
     cuda = device.type == "cuda"
     graphs = [n for n in ok if n not in rows or rows[n]["kernel"] != "torch"]
     for name, row in rows.items():
         row["timed"] = "graph replays" if cuda and name in graphs else "launched"
-    return time_calls(ok, device, repeats, graphs=graphs if cuda else ())
+    return time_calls(ok, device, repeats, warmup, graphs=graphs if cuda else ())
+
+
+def _predict(row: dict, rung, kind: str, shape, heads, bar_ms: float | None) -> None:
+    """Add the chapter's model's prediction for ``rung`` (`attention.predict_rung`,
+    on an H100 SXM, with the compiled resources where recorded) to ``row``."""
+    from ..attention import H100_SXM, predict_rung
+
+    got = predict_rung(rung, kind, shape, heads, H100_SXM, row.get("resources"))
+    row.update(predicted_ms=got["ms"], predicted_bound=got["bound"],
+               predicted_occupancy=got.get("occupancy"), model_card=H100_SXM.name)  # fmt: skip
+    if bar_ms:
+        row["predicted_over_bar"] = got["ms"] / bar_ms
 
 
 def decode_ladder_benchmark(
     device: torch.device, rungs, shapes=LADDER_DECODE_SHAPES, *, heads=LADDER_HEADS,
     block_size: int = 16, dtype: torch.dtype | None = None, repeats: int = 20,
-    seed: int = 0, max_kv_bytes: int | None = None,
+    seed: int = 0, max_kv_bytes: int | None = None, warmup: int = 3,
 ) -> list[dict]:  # fmt: skip
     """Every decode rung at every shape, beside contiguous SDPA over the same K/V
     (`kernel_benchmark`'s setup): time over SDPA's, GB/s of K/V, and the share
-    of a device-to-device copy's bandwidth. Rows over ``max_kv_bytes`` (default
-    `max_row_kv_bytes`) are left out."""
+    of a device-to-device copy's bandwidth; each with the compiled kernel's
+    resources and the chapter's model's prediction (`_predict`). Rows over
+    ``max_kv_bytes`` (default `max_row_kv_bytes`) are left out."""
     from ..device import default_dtype
 
     num_heads, kv_heads, head_dim = heads
@@ -390,7 +462,7 @@ def decode_ladder_benchmark(
                 "block_size": block_size, "kv_bytes": kv_bytes}  # fmt: skip
             calls[i] = partial(rung, q, kc, vc, tables, lens)
         expected = calls["contiguous"]().float()
-        t = _time_rungs(rows, calls, device, repeats)
+        t = _time_rungs(rows, calls, device, repeats, warmup)
         src = torch.empty(kv_bytes, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
         copy_GBps = 2 * kv_bytes / time_call(partial(dst.copy_, src), device, repeats) / 1e9
@@ -401,6 +473,8 @@ def decode_ladder_benchmark(
                            over_contiguous=t[i] / t["contiguous"], max_error=err,
                            GBps=kv_bytes / t[i] / 1e9, copy_GBps=copy_GBps,
                            fraction_of_copy=kv_bytes / t[i] / 1e9 / copy_GBps)  # fmt: skip
+            _predict(row, rungs[i], "decode", (batch, ctx), heads,
+                     1e3 * t["contiguous"])  # fmt: skip
             out.append(row)
         del q, k, v, kc, vc, calls, src, dst
         if device.type == "cuda":
@@ -414,14 +488,47 @@ def causal_attention_flops(seqs: int, length: int, heads: int, head_dim: int) ->
     return 4 * head_dim * heads * seqs * length * (length + 1) // 2
 
 
+#: PyTorch's SDPA backends (`torch.nn.attention.SDPBackend`), by what each is.
+SDPA_LABELS = {"CUDNN_ATTENTION": "cuDNN attention",
+               "FLASH_ATTENTION": "FlashAttention-2 (PyTorch's build)",
+               "EFFICIENT_ATTENTION": "memory-efficient attention (xFormers')",
+               "MATH": "PyTorch's math path", "OVERRIDEABLE": "a backend's override"}  # fmt: skip
+
+
+def sdpa_backend(q, k, v, **kwargs) -> str | None:
+    """The backend `scaled_dot_product_attention` picks for these inputs, as its
+    dispatcher answers (`torch._fused_sdp_choice`, private: None if absent)."""
+    from torch.nn.attention import SDPBackend
+
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, **kwargs)).name
+    except (AttributeError, RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _pinned_sdpa(backend: str, fn):
+    """``fn`` run with SDPA limited to one backend (`torch.nn.attention.sdpa_kernel`)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def call():
+        with sdpa_kernel([SDPBackend[backend]]):
+            return fn()
+
+    return call
+
+
 def prefill_ladder_benchmark(
     device: torch.device, rungs, shapes=LADDER_PREFILL_SHAPES, *, heads=LADDER_HEADS,
     block_size: int = 16, dtype: torch.dtype | None = None, repeats: int = 10,
-    seed: int = 0,
+    seed: int = 0, warmup: int = 3,
 ) -> list[dict]:  # fmt: skip
     """Every prefill rung at every (prompts, tokens) shape, the prompts stored in
     shuffled blocks, beside causal SDPA over the same prompts stored
-    contiguously: time over SDPA's and the rung's TFLOPS."""
+    contiguously: time over SDPA's and the rung's TFLOPS, with the compiled
+    kernel's resources and the model's prediction. SDPA runs as dispatched (the
+    bar; ``sdpa_backend`` names what the dispatcher picked) and, on a GPU,
+    pinned to each backend that takes the inputs (``sdpa_ms_by_backend``;
+    ``over_best_sdpa``: time over the fastest of them)."""
     from ..device import default_dtype
 
     num_heads, kv_heads, head_dim = heads
@@ -437,28 +544,69 @@ def prefill_ladder_benchmark(
         lens = torch.full((seqs,), length, dtype=torch.int64, device=device)
         starts = torch.arange(seqs + 1, device=device) * length
         q = q4.transpose(1, 2).reshape(seqs * length, num_heads, head_dim).contiguous()
-        calls = {"sdpa": partial(F.scaled_dot_product_attention, q4, k, v,
-                                 is_causal=True, enable_gqa=num_heads != kv_heads)}  # fmt: skip
+        gqa = dict(is_causal=True, enable_gqa=num_heads != kv_heads)
+        sdpa = partial(F.scaled_dot_product_attention, q4, k, v, **gqa)
+        calls = {"sdpa": sdpa}
+        for backend in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"):
+            pinned = _pinned_sdpa(backend, sdpa)
+            try:  # a backend that does not take these inputs raises: left out
+                pinned() if device.type == "cuda" else None
+            except RuntimeError:
+                continue
+            if device.type == "cuda":
+                calls[f"sdpa:{backend}"] = pinned
         flops = causal_attention_flops(seqs, length, num_heads, head_dim)
         rows = {}
         for i, rung in enumerate(rungs):
             rows[i] = _rung_row(i, rung, "prefill") | {
                 "seqs": seqs, "length": length, "dtype": str(dtype)[6:],
-                "block_size": block_size}  # fmt: skip
+                "block_size": block_size,
+                "sdpa_backend": sdpa_backend(q4, k, v, **gqa)}  # fmt: skip
             calls[i] = partial(rung, q, kc, vc, tables, lens, starts)
         expected = calls["sdpa"]().float().transpose(1, 2).reshape(q.shape)
-        t = _time_rungs(rows, calls, device, repeats)
+        t = _time_rungs(rows, calls, device, repeats, warmup)
+        by_backend = {n.split(":")[1]: 1e3 * x for n, x in t.items()
+                      if isinstance(n, str) and n.startswith("sdpa:")}  # fmt: skip
+        best = min([1e3 * t["sdpa"], *by_backend.values()])
         for i, row in rows.items():
             if i in t:
                 err = (calls[i]().float() - expected).abs().max().item()
                 row.update(ms=1e3 * t[i], sdpa_ms=1e3 * t["sdpa"], max_error=err,
                            over_causal_sdpa=t[i] / t["sdpa"],
+                           sdpa_ms_by_backend=by_backend,
+                           over_best_sdpa=1e3 * t[i] / best,
                            TFLOPS=flops / t[i] / 1e12)  # fmt: skip
+            _predict(row, rungs[i], "prefill", (seqs, length), heads, 1e3 * t["sdpa"])
             out.append(row)
         del q, q4, k, v, kc, vc, calls
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return out
+
+
+def ceilings(device: torch.device, repeats: int = 20) -> dict:
+    """The card's ceilings, measured once, for the model (`CardModel.with_measured`):
+    ``hbm_Bps`` (a 1 GiB device-to-device copy, bytes read plus written),
+    ``l2_Bps`` (a copy of 8 MiB, which L2 holds, 50 times back to back, no
+    flush) and ``tensor_flops`` (a bf16 8,192-square matrix product). ``{}``
+    without a GPU: nothing is measured."""
+    if device.type != "cuda":
+        return {}
+    big = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(big)
+    hbm = 2 * big.numel() / time_call(partial(dst.copy_, big), device, repeats)
+    del big, dst
+    small = torch.empty(8 << 20, dtype=torch.uint8, device=device)
+    out = torch.empty_like(small)
+
+    def copies():
+        for _ in range(50):
+            out.copy_(small)
+
+    l2 = 2 * small.numel() * 50 / time_call(copies, device, repeats)
+    a, b = (torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) for _ in range(2))
+    gemm = 2 * 8192**3 / time_call(partial(torch.mm, a, b), device, repeats)
+    return {"hbm_Bps": hbm, "l2_Bps": l2, "tensor_flops": gemm}
 
 
 def geometric_mean(values) -> float:
@@ -473,31 +621,36 @@ def print_ladder_table(rows: list[dict]) -> None:
 
 def ladder_table_lines(rows: list[dict]) -> list[str]:
     """The per-rung table of `decode_ladder_benchmark` and
-    `prefill_ladder_benchmark` rows: one line per rung and shape."""
+    `prefill_ladder_benchmark` rows: one line per rung and shape, with the
+    model's predicted time and the compiled kernel's registers a thread,
+    spilled words and shared memory (KiB) where they were recorded."""
     lines = []
     for kind in ("decode", "prefill"):
         mine = [r for r in rows if r["kind"] == kind]
         if not mine:
             continue
-        if kind == "decode":
-            lines.append(f"{'rung':38} {'batch':>5} {'context':>7} {'ms':>8} "
-                         f"{'x SDPA':>7} {'GB/s':>8} {'of copy':>7}")  # fmt: skip
-        else:
-            lines.append(f"{'rung':38} {'prompts':>7} {'tokens':>6} {'ms':>8} "
-                         f"{'x causal SDPA':>13} {'TFLOPS':>7}")  # fmt: skip
+        shape = f"{'batch':>5} {'context':>7}" if kind == "decode" else \
+            f"{'prompts':>5} {'tokens':>7}"  # fmt: skip
+        ratio = "x SDPA" if kind == "decode" else "x causal"
+        lines.append(f"{'rung':38} {shape} {'ms':>8} {'model ms':>8} {ratio:>8} "
+                     f"{'regs':>4} {'spill':>5} {'smem':>4}")  # fmt: skip
         for r in mine:
             name = f"{r['rung']} {r['name']}"[:38]
+            size = (r.get("batch", r.get("seqs")), r.get("context_len", r.get("length")))
             if "error" in r or "ms" not in r:
-                what = r.get("error", "not run")[:60]
-                lines.append(f"{name:38} {r.get('batch', r.get('seqs')):>5} "
-                             f"{r.get('context_len', r.get('length')):>7} {what}")  # fmt: skip
-            elif kind == "decode":
-                lines.append(f"{name:38} {r['batch']:5} {r['context_len']:7} "
-                             f"{r['ms']:8.3f} {r['over_contiguous']:7.2f} "
-                             f"{r['GBps']:8.4g} {r['fraction_of_copy']:7.0%}")  # fmt: skip
-            else:
-                lines.append(f"{name:38} {r['seqs']:7} {r['length']:6} {r['ms']:8.3f} "
-                             f"{r['over_causal_sdpa']:13.2f} {r['TFLOPS']:7.4g}")  # fmt: skip
+                lines.append(f"{name:38} {size[0]:5} {size[1]:7} "
+                             f"{r.get('error', 'not run')[:60]}")  # fmt: skip
+                continue
+            x = r["over_contiguous"] if kind == "decode" else r["over_causal_sdpa"]
+            res = r.get("resources") or {}
+            kib = f"{res['shared'] / 1024:4.0f}" if res.get("shared") is not None else "   -"
+            lines.append(f"{name:38} {size[0]:5} {size[1]:7} {r['ms']:8.3f} "
+                         f"{r.get('predicted_ms', math.nan):8.3f} {x:8.2f} "
+                         f"{res.get('n_regs') or '-':>4} {res.get('n_spills', '-'):>5} "
+                         f"{kib}")  # fmt: skip
+        if kind == "prefill" and mine[0].get("sdpa_backend"):
+            label = SDPA_LABELS.get(mine[0]["sdpa_backend"], mine[0]["sdpa_backend"])
+            lines.append(f"causal SDPA ran {label} ({mine[0]['sdpa_backend']})")
         lines.append("")
     return lines
 
@@ -559,9 +712,14 @@ REPORT_DECODE_SOURCES = {
     "128-key tiles": ("kernel_tune.txt", (128, 2, 4, None)),
     "one fused merge": ("kernel_decode_after.txt", "paged_over_contiguous"),
 }
-#: The same for prefill: the sweep's "current" setting, the kernel as it was then.
+#: The same for prefill: the sweep's "current" setting, the kernel as it was then;
+#: and the run of 2026-11-26's default launch, which, with no committed tuning,
+#: was the block-runs rung's (64 rows, 64 keys, 4 warps, Triton's stages).
 REPORT_PREFILL_SOURCES = {
     "Q-blocks, every tile masked": ("kernel_tune_prefill.txt", "current"),
+    "block runs": ("run_20261126/kernels_results.json", "prefill_kernel"),
+    "tuned (the library's default)": ("run_20261126/kernels_results.json",
+                                      "prefill_kernel"),
 }
 
 
@@ -589,7 +747,8 @@ def committed_ladder(report, decode_rungs, prefill_rungs, *,
     ladder = report / "kernel_ladder.json"
     own = {}
     if ladder.exists():
-        for r in json.loads(ladder.read_text()):
+        found = json.loads(ladder.read_text())  # the ladder's rows, or its section
+        for r in found["rows"] if isinstance(found, dict) else found:
             shape = (r.get("batch"), r.get("context_len")) if r["kind"] == "decode" \
                 else (r.get("seqs"), r.get("length"))  # fmt: skip
             if "ms" in r:
@@ -652,6 +811,15 @@ def _report_readers(report, kv_heads: int, multiprocessors: int):
         copy = {}
         if after:
             copy = {"copy_GBps": after["paged_GBps"] / after["fraction_of_copy"]}
+        if kind == "prefill" and file.endswith(".json"):  # a run's results.json
+            section = json.loads(text(file)).get(what) or {}
+            got = [r for r in section.get("rows", [])
+                   if (r["seqs"], r["length"]) == shape and "ms" in r]  # fmt: skip
+            if not got:
+                return {}
+            keep = ("ms", "sdpa_ms", "over_causal_sdpa", "TFLOPS", "timed")
+            return {"measured": True, "source": file, "derived": False,
+                    **{k: got[0][k] for k in keep if k in got[0]}}  # fmt: skip
         if kind == "prefill":
             got = [s for s in parse_tune_prefill_lines(text(file))["shapes"]
                    if (s["seqs"], s["length"]) == shape]  # fmt: skip
