@@ -196,6 +196,18 @@ class SimResult:
         the simulator's steps charge a recompute nothing)."""
         return self.steps + self.recomputed_tokens / tokens_per_step
 
+    def recompute_crossover(self, other: SimResult) -> float | None:
+        """The ``tokens_per_step`` at which this run and ``other`` take the same
+        `steps_with_recompute`: above it the run with fewer steps is faster, below
+        it the one with less recompute. None when one of them is faster at every
+        rate (fewer steps and no more recompute). Like `steps_with_recompute`, it
+        takes every decode step to cost the same, whatever the batch."""
+        fewer_steps = self.steps - other.steps
+        more_recompute = self.recomputed_tokens - other.recomputed_tokens
+        if fewer_steps * more_recompute >= 0:
+            return None
+        return -more_recompute / fewer_steps
+
     def costs(self) -> dict[str, float]:
         """The work behind the step count, for any table that compares step counts
         or utilisation: preemptions, recomputed tokens, recomputed tokens per
