@@ -65,6 +65,9 @@ def device_report(device: torch.device | None = None) -> dict[str, str]:
         props = torch.cuda.get_device_properties(device)
         report["gpu"] = props.name
         report["gpu memory"] = f"{props.total_memory / 2**30:.1f} GiB"
+        card = emulated_card()
+        if card is not None:  # the rules of a smaller card (PAGEDKV_EMULATE)
+            report["emulating"] = f"{card.name}, {card.total_memory / 2**30:.1f} GiB"
     return report
 
 @dataclass(frozen=True)
