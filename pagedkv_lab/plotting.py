@@ -326,26 +326,33 @@ def sigma_figure(ax, sigmas, measured: dict, paper: dict, predicted=None) -> Non
     )
 
 
-def recompute_steps(ax, results: dict, rates, crossovers: dict | None = None) -> None:
+def recompute_steps(
+    ax, results: dict, rates, crossovers: dict | None = None, logy: bool = False
+) -> None:
     """Steps to serve a trace once recompute is charged, against how many prefill
-    tokens cost one decode step's time (log scale); the simulator's own step count
-    is the curve's right end. ``crossovers`` maps a label to a rate at which two
-    curves cross, drawn as a dotted vertical line with its value."""
+    tokens cost one decode step's time (log scale; ``logy`` for the steps too);
+    the simulator's own step count is the curve's right end. ``crossovers`` maps
+    a label to a rate at which two curves cross, drawn as a dotted vertical line
+    with its value."""
     for k, (name, res) in enumerate(results.items()):
         steps = [res.steps_with_recompute(r) for r in rates]
         ax.plot(rates, steps, "o-", color=SERIES[k], label=name, ms=3)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("prefill tokens that take one decode step's time, r")
-    ax.set_ylabel("steps, recompute included")
-    ax.set_ylim(bottom=0)
+    ax.set_ylabel("steps, recompute included" + " (log)" * logy)
+    if logy:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
     for k, (label, rate) in enumerate((crossovers or {}).items()):
         ax.axvline(rate, color="#555555", ls=":", lw=1)
         ax.text(
             rate * 1.08,
-            ax.get_ylim()[1] * (0.92 - 0.1 * k),
+            0.97 - 0.08 * k,
             f"{label}: r = {rate:.1f}",
             fontsize=8,
             va="top",
+            transform=ax.get_xaxis_transform(),
         )
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8)
 

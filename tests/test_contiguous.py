@@ -392,3 +392,8 @@ def test_recompute_crossover_is_where_the_charged_step_counts_meet():
     assert paged.steps_with_recompute(r / 2) > oracle.steps_with_recompute(r / 2)
     # Fewer steps and no more recompute: faster at every rate, no crossover.
     assert oracle.recompute_crossover(oracle) is None
+    # Dearer paged steps move the crossover up.
+    r2 = paged.recompute_crossover(oracle, step_cost=1.2)
+    assert r2 > r
+    costly = paged.steps * 1.2 + paged.recomputed_tokens / r2
+    assert costly == pytest.approx(oracle.steps + oracle.recomputed_tokens / r2)
