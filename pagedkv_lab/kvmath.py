@@ -123,9 +123,10 @@ def real_model_configs() -> dict[str, PretrainedConfig]:
     return configs
 
 def gpu_memory_bytes() -> dict[str, int]:
-    """Memory of common GPUs, in bytes, as the CUDA runtime reports it
+    """Memory of common GPUs, in bytes, as `nvidia-smi` reports it
     (`pagedkv_lab.device.KNOWN_GPUS`): after the driver's share and, on the GDDR6
-    T4 and L4, after ECC's."""
+    T4 and L4, after ECC's. torch (``torch.cuda.get_device_properties``) reports
+    a little less for the same card."""
     return {name: spec.total_memory for name, spec in KNOWN_GPUS.items()}
 
 
@@ -139,9 +140,9 @@ def kv_budget(
     """Bytes left for the KV cache on a card that reports ``gpu_bytes``.
 
     ``overhead_fraction`` of that memory is kept for the CUDA context, activations
-    and allocator slack (on top of what ECC and the driver took before the
-    runtime's count), and the weights are subtracted. Negative when the weights
-    alone do not fit.
+    and allocator slack (on top of what ECC and the driver took before
+    ``gpu_bytes`` was counted), and the weights are subtracted. Negative when the
+    weights alone do not fit.
     """
     weights = count_parameters_from_config(config) * DTYPE_BYTES[weight_dtype]
     return int(gpu_bytes * (1 - overhead_fraction)) - weights

@@ -7,12 +7,14 @@ colour per category:
 * ``used``: slots holding a token's K/V;
 * ``reserved``: reserved, filled later (a request's slots for tokens it will
   still produce: a contiguous region's future, a paged block's unfilled tail);
-* ``internal``: reserved, never used (internal fragmentation: slots reserved
-  for tokens the request will never produce). ``rounding`` is the same
-  category, drawn hatched: slots a buddy allocator adds when it rounds a
-  region up to a power of two;
+* ``internal``: reserved, never used (internal fragmentation: slots a
+  reservation policy or a paged block holds for tokens the request will never
+  produce);
 * ``external``: free but unusable (external fragmentation: enough slots are
-  free, but no gap holds the waiting request);
+  free, but no gap holds the waiting request). ``rounding`` is the same
+  category, drawn hatched: slots a buddy allocator adds when it rounds a region
+  up to a power of two. The course books them as external fragmentation, waste
+  the allocator makes, reading the vLLM paper's §3.1 so (chapter 02);
 * ``free``: free, and nobody waits for it.
 
 Blocks shared by several sequences and freed blocks kept for the prefix cache
@@ -33,7 +35,7 @@ COLORS: dict[str, str] = {
     "used": "#0072B2",  # holds a token's K/V
     "reserved": "#56B4E9",  # reserved for tokens the request will still produce
     "internal": "#E69F00",  # reserved but never used: internal fragmentation
-    "rounding": "#E69F00",  # never used: the allocator's rounding (drawn hatched)
+    "rounding": "#D55E00",  # the allocator's rounding, booked as external (hatched)
     "external": "#D55E00",  # free but unusable by the waiting request
     "free": "#E8E8E8",  # free and usable
     "shared": "#009E73",  # a block referenced by more than one sequence
@@ -48,7 +50,7 @@ LABELS: dict[str, str] = {
     "used": "used: holds K/V",
     "reserved": "reserved, filled later",
     "internal": "reserved, never used (internal)",
-    "rounding": "never used: allocator's rounding",
+    "rounding": "allocator's rounding (external)",
     "external": "free but unusable (external)",
     "free": "free",
     "shared": "shared (ref > 1)",
@@ -172,7 +174,7 @@ def usage_stack(ax, result, *, title: str = "", xmax: int | None = None) -> list
 def split_bars(ax, rows, kinds, colors, *, hatches=None) -> None:
     """Horizontal stacked bars, one per ``(label, shares, spread)`` row: shares in
     percent per kind; ``spread``, a ``(lowest, highest)`` pair or None, draws a
-    whisker over the range of the first share (over seeds, say)."""
+    whisker over that range of the first share (an error bar, say)."""
     hatches = hatches or [None] * len(kinds)
     for y, (_, shares, spread) in enumerate(rows):
         left = 0.0
@@ -291,14 +293,14 @@ def length_histograms(axes, traces: dict, max_len: int) -> None:
 
 def sigma_figure(ax, sigmas, measured: dict, paper: dict, predicted=None) -> None:
     """The share of the pool holding K/V against the output-length spread: per
-    policy the mean over seeds with its min-max band, the paper's figure as a
-    dotted line, and (for max reservation) the closed form."""
-    for k, (policy, (mean, lo, hi)) in enumerate(measured.items()):
+    policy the mean over seeds with a band of two standard errors either side
+    (``measured`` maps a policy to ``(means, standard errors)``, fractions), the
+    paper's figure as a dotted line, and (for max reservation) the closed form."""
+    for k, (policy, (mean, se)) in enumerate(measured.items()):
         color = SERIES[k]
-        ax.plot(sigmas, 100 * np.asarray(mean), "o-", color=color, label=policy)
-        ax.fill_between(
-            sigmas, 100 * np.asarray(lo), 100 * np.asarray(hi), color=color, alpha=0.2
-        )
+        mean, se = 100 * np.asarray(mean), 100 * np.asarray(se)
+        ax.plot(sigmas, mean, "o-", color=color, label=policy)
+        ax.fill_between(sigmas, mean - 2 * se, mean + 2 * se, color=color, alpha=0.2)
         ax.axhline(100 * paper[policy], color=color, ls=":", lw=1)
     if predicted is not None:
         ax.plot(
@@ -312,6 +314,9 @@ def sigma_figure(ax, sigmas, measured: dict, paper: dict, predicted=None) -> Non
             [], [], color="#555555", ls=":", lw=1, label="paper (Fig. 2), per policy"
         )
     )
+    handles.append(
+        Patch(fc="#555555", alpha=0.2, label="band: mean ± 2 standard errors")
+    )
     ax.legend(
         handles=handles,
         loc="upper center",
@@ -321,17 +326,34 @@ def sigma_figure(ax, sigmas, measured: dict, paper: dict, predicted=None) -> Non
     )
 
 
-def recompute_steps(ax, results: dict, rates) -> None:
+def recompute_steps(
+    ax, results: dict, rates, crossovers: dict | None = None, logy: bool = False
+) -> None:
     """Steps to serve a trace once recompute is charged, against how many prefill
-    tokens cost one decode step's time (log scale); the simulator's own step count
-    is the curve's right end."""
+    tokens cost one decode step's time (log scale; ``logy`` for the steps too);
+    the simulator's own step count is the curve's right end. ``crossovers`` maps
+    a label to a rate at which two curves cross, drawn as a dotted vertical line
+    with its value."""
     for k, (name, res) in enumerate(results.items()):
         steps = [res.steps_with_recompute(r) for r in rates]
         ax.plot(rates, steps, "o-", color=SERIES[k], label=name, ms=3)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("prefill tokens that take one decode step's time")
-    ax.set_ylabel("steps, recompute included")
-    ax.set_ylim(bottom=0)
+    ax.set_xlabel("prefill tokens that take one decode step's time, r")
+    ax.set_ylabel("steps, recompute included" + " (log)" * logy)
+    if logy:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    for k, (label, rate) in enumerate((crossovers or {}).items()):
+        ax.axvline(rate, color="#555555", ls=":", lw=1)
+        ax.text(
+            rate * 1.08,
+            0.97 - 0.08 * k,
+            f"{label}: r = {rate:.1f}",
+            fontsize=8,
+            va="top",
+            transform=ax.get_xaxis_transform(),
+        )
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4, fontsize=8)
 
 

@@ -318,10 +318,13 @@ def _draw_block(
         )
 
 
-def block_legend_handles(highlight: bool = False, never_used: bool = True) -> list:
+def block_legend_handles(
+    highlight: bool = False, never_used: bool = True, filled_later: bool = True
+) -> list:
     """Legend entries for block drawings (``never_used=False`` leaves out the
     ``internal`` state, for drawings that do not know the requests' final
-    lengths)."""
+    lengths; ``filled_later=False`` leaves out ``reserved``, for drawings of
+    requests that have ended)."""
     handles = [
         Patch(fc=REQUEST_COLORS[0], label="used: holds K/V (colour = request)"),
         Patch(
@@ -340,6 +343,8 @@ def block_legend_handles(highlight: bool = False, never_used: bool = True) -> li
     ]
     if not never_used:
         del handles[2]
+    if not filled_later:
+        del handles[1]
     if highlight:
         handles.append(
             Patch(fc=HIGHLIGHT_COLOR, ec="black", lw=1.5, label="the request shown")
@@ -362,10 +367,14 @@ def draw_block_grid(
     ``owners`` maps a block to ``(request id, tokens in it)`` or ``(request id,
     tokens in it, tokens it will hold)`` (`PagedPool.layout`). A held block is
     drawn in the request's colour over its filled slots and hatched over its
-    empty ones (see `_draw_block`); free blocks are grey. Blocks of request
-    ``highlight`` are drawn in `HIGHLIGHT_COLOR` with a black outline.
+    empty ones (see `_draw_block`), each request in a colour of its own while
+    there are no more of them than `REQUEST_COLORS` (`grid_colors`); free blocks
+    are grey. Blocks of request ``highlight`` are drawn in `HIGHLIGHT_COLOR` with
+    a black outline.
     """
     rows = -(-num_blocks // columns)
+    colors = grid_colors({o[0] for o in owners.values()} - {highlight})
+    colors[highlight] = HIGHLIGHT_COLOR
     for block in range(num_blocks):
         row, col = divmod(block, columns)
         x, y = col + 0.04, rows - 1 - row + 0.04
@@ -374,8 +383,7 @@ def draw_block_grid(
         shown = highlight is not None and owner == highlight
         _draw_block(
             ax, x, y, 0.92, 0.92, owner, filled, block_size, label, fontsize,
-            will_fill=rest[0] if rest else None,
-            color=HIGHLIGHT_COLOR if shown else None,
+            will_fill=rest[0] if rest else None, color=colors.get(owner),
         )  # fmt: skip
         if shown:
             ax.add_patch(
@@ -385,6 +393,14 @@ def draw_block_grid(
     ax.set_ylim(0, rows)
     ax.set_aspect("equal")
     ax.axis("off")
+
+
+def grid_colors(request_ids) -> dict[int, str]:
+    """A colour per request of a drawing, `REQUEST_COLORS` in order of request id:
+    no two share one while there are at most as many requests as colours (a
+    colour taken from the id alone, `request_color`, repeats every 16 ids)."""
+    n = len(REQUEST_COLORS)
+    return {rid: REQUEST_COLORS[i % n] for i, rid in enumerate(sorted(request_ids))}
 
 
 def grid_shape(num_blocks: int) -> tuple[int, bool]:
@@ -434,6 +450,7 @@ def draw_paging_diagram(
     tables: dict[str, tuple[list[int], int]],
     num_blocks: int,
     block_size: int,
+    finished: bool = False,
 ) -> None:
     """Logical blocks -> block tables -> physical blocks, from real block tables.
 
@@ -441,8 +458,11 @@ def draw_paging_diagram(
     sequence's logical blocks, filled as far as its tokens reach, with its block
     table underneath; right: the physical blocks; an arrow per table entry, which
     leaves the entry's bottom edge, runs in the gap under its table and in a lane
-    of its own to the physical block, so that it crosses no cell.
+    of its own to the physical block, so that it crosses no cell. A last block's
+    empty slots are reserved, filled later, unless the sequences have
+    ``finished``: then they are never used (internal).
     """
+    fill = {"will_fill": 0} if finished else {}
     owners = {}
     for k, (blocks, n) in enumerate(tables.values()):
         for i, b in enumerate(blocks):
@@ -451,7 +471,7 @@ def draw_paging_diagram(
     for b in range(num_blocks):
         owner, filled = owners.get(b, (None, 0))
         y = num_blocks - 1 - b
-        _draw_block(ax, right, y + 0.1, 1.6, 0.8, owner, filled, block_size)
+        _draw_block(ax, right, y + 0.1, 1.6, 0.8, owner, filled, block_size, **fill)
         ax.text(right + 1.8, y + 0.5, f"block {b}", va="center", fontsize=9)
     ax.text(right + 0.8, num_blocks + 0.2, "physical blocks", ha="center", fontsize=9)
     row_height = num_blocks / len(tables)
@@ -464,7 +484,9 @@ def draw_paging_diagram(
         ax.text(0, y + 1.3, f"{name}: {n} tokens", fontsize=9, va="bottom")
         for i, b in enumerate(blocks):
             filled = min(block_size, n - i * block_size)
-            _draw_block(ax, i * 1.2, y, 1.0, 1.0, k, filled, block_size, f"L{i}", 9)
+            _draw_block(
+                ax, i * 1.2, y, 1.0, 1.0, k, filled, block_size, f"L{i}", 9, **fill
+            )
             ax.add_patch(
                 plt.Rectangle((i * 1.2, y - 1.1), 1.0, 0.9, fc="white", ec="#999999")
             )

@@ -196,6 +196,22 @@ class SimResult:
         the simulator's steps charge a recompute nothing)."""
         return self.steps + self.recomputed_tokens / tokens_per_step
 
+    def recompute_crossover(
+        self, other: SimResult, step_cost: float = 1.0, other_step_cost: float = 1.0
+    ) -> float | None:
+        """The ``tokens_per_step`` at which this run and ``other`` take the same
+        time, steps plus recompute: above it the run with less step time is
+        faster, below it the one with less recompute. None when one of them is
+        faster at every rate. Like `steps_with_recompute`, it takes every decode
+        step to cost the same, whatever the batch, unless ``step_cost`` and
+        ``other_step_cost`` give each run's step time (in the decode steps that
+        ``tokens_per_step`` counts)."""
+        fewer_steps = self.steps * step_cost - other.steps * other_step_cost
+        more_recompute = self.recomputed_tokens - other.recomputed_tokens
+        if fewer_steps * more_recompute >= 0:
+            return None
+        return -more_recompute / fewer_steps
+
     def costs(self) -> dict[str, float]:
         """The work behind the step count, for any table that compares step counts
         or utilisation: preemptions, recomputed tokens, recomputed tokens per

@@ -48,10 +48,37 @@ def test_the_blog_figures_are_cited_by_their_reference():
 
 
 def test_quote_names_the_source():
-    assert quote("M3").startswith('M3: "Memory Waste Breakdown')
+    assert quote("M1").startswith('M1: "only 20.4%')
     assert "The Two Types of Fragmentation" in quote("M3")
     with pytest.raises(KeyError):
         quote("M9")
+
+
+def test_words_put_together_are_never_in_quotation_marks():
+    # M3's words are a chart's title and bar labels, not a sentence.
+    m3 = CLAIMS["M3"].quotes[0]
+    assert m3.form and quote("M3").startswith("M3: Memory Waste Breakdown")
+    assert '"' not in m3.shown() and m3.form in m3.shown()
+    for claim in CLAIMS.values():
+        for q in claim.quotes:
+            assert q.shown().startswith('"') == (not q.form), q.words
+
+
+def test_the_paper_and_the_blog_post_read_differently_on_the_page():
+    # Same authors and year: an author-year citation alone renders them alike.
+    paper, blog = (q.source for q in CLAIMS["M1"].quotes[:2])
+    assert paper.markdown().split("{cite}")[0] != blog.markdown().split("{cite}")[0]
+    assert "blog" in blog.markdown().split("{cite}")[0]
+
+
+def test_every_explanation_that_repeats_a_figure_is_listed():
+    def stating(cid, figure):
+        return {q.source.ref for q in CLAIMS[cid].quotes if figure in q.figure}
+
+    # 60-80% wasted: the blog post, "nano-vLLM Deep Dive" and the "KV Cache
+    # Fragmentation" article; under 4%: the blog post and the same two.
+    assert stating("M1", "60-80%") == {"b", "e"}
+    assert stating("M2", "under 4%") == {"kwon2023vllmblog", "b", "e"}
 
 
 def test_traps_cite_the_explanations_that_print_them():

@@ -374,3 +374,26 @@ def test_growing_pool_copies_preempts_and_reports_it():
         == res.recomputed_tokens / res.generated_tokens
     )
     assert res.steps_with_recompute(100) == res.steps + res.recomputed_tokens / 100
+
+
+def test_recompute_crossover_is_where_the_charged_step_counts_meet():
+    from pagedkv_lab.paging import PagedPool
+
+    reqs = chat_workload(120, seed=0, arrival_rate=1.0)
+    paged = simulate(reqs, PagedPool(4 * 2048 // 16, 16, 2048))
+    oracle = simulate(reqs, ContiguousPool(4 * 2048, 2048, policy="oracle"))
+    assert paged.steps < oracle.steps and paged.recomputed_tokens > 0
+    r = paged.recompute_crossover(oracle)
+    assert r == oracle.recompute_crossover(paged) and r > 0
+    assert paged.steps_with_recompute(r) == pytest.approx(
+        oracle.steps_with_recompute(r)
+    )
+    assert paged.steps_with_recompute(2 * r) < oracle.steps_with_recompute(2 * r)
+    assert paged.steps_with_recompute(r / 2) > oracle.steps_with_recompute(r / 2)
+    # Fewer steps and no more recompute: faster at every rate, no crossover.
+    assert oracle.recompute_crossover(oracle) is None
+    # Dearer paged steps move the crossover up.
+    r2 = paged.recompute_crossover(oracle, step_cost=1.2)
+    assert r2 > r
+    costly = paged.steps * 1.2 + paged.recomputed_tokens / r2
+    assert costly == pytest.approx(oracle.steps + oracle.recomputed_tokens / r2)

@@ -12,6 +12,9 @@ from pagedkv_lab import plotting  # noqa: E402
 from pagedkv_lab.contiguous import ContiguousPool  # noqa: E402
 from pagedkv_lab.experiments import (  # noqa: E402
     PAPER_FIG2,
+    fig2_verdict,
+    kinds_mean_se,
+    mean_se,
     opt13b_pool_slots,
     paper_kinds,
     reservation_runs,
@@ -43,9 +46,9 @@ def test_every_helper_draws_something(results, tmp_path):
     plotting.capacity_heatmap(next(ax), fit, ["m1", "m2"], ["T4", "L4"])
     reqs = chat_workload(50, seed=0)
     plotting.length_histograms([next(ax), next(ax)], {"W1": reqs}, 2048)
-    measured = {"max": ([0.15, 0.2], [0.14, 0.19], [0.16, 0.21])}
+    measured = {"max": ([0.15, 0.2], [0.004, 0.003])}
     plotting.sigma_figure(next(ax), [0.4, 0.8], measured, {"max": 0.204}, [0.15, 0.2])
-    plotting.recompute_steps(next(ax), results, [16, 256])
+    plotting.recompute_steps(next(ax), results, [16, 256], {"a and b": 15.3})
     plotting.block_size_sweep(
         next(ax), [8, 16], [0.9, 0.8], [0.05, 0.1], [0, 0.01], [9, 5]
     )
@@ -55,8 +58,10 @@ def test_every_helper_draws_something(results, tmp_path):
     plt.close(fig)
 
 
-def test_rounding_is_drawn_hatched_in_the_never_used_colour():
-    assert plotting.COLORS["rounding"] == plotting.COLORS["internal"]
+def test_rounding_is_drawn_hatched_in_the_external_colour():
+    # One category for an allocator's rounding everywhere: external (chapter 02).
+    assert plotting.COLORS["rounding"] == plotting.COLORS["external"]
+    assert "external" in plotting.LABELS["rounding"]
     assert plotting.state_patch("rounding").get_hatch() == plotting.HATCHES["rounding"]
     assert plotting.state_patch("used").get_hatch() is None
 
@@ -68,6 +73,35 @@ def test_paper_pool_and_kinds():
         kinds = paper_kinds(res)
         assert sum(kinds) == pytest.approx(100.0)
         assert policy != "oracle" or kinds[2] == 0.0  # no internal fragmentation
-    measured, closed = sigma_sweep([0.8], [0], capacity=2 * 2048 + 100)
-    mean, lo, hi = measured["max"]
-    assert lo[0] <= mean[0] <= hi[0] and 0 < closed[0] < 1
+    measured, closed = sigma_sweep([0.8], [0, 1], capacity=2 * 2048 + 100)
+    (mean,), (se,) = measured["max"]
+    assert 0 < mean < 1 and 0 <= se < mean and 0 < closed[0] < 1
+
+
+def test_the_two_readings_of_the_rounding_move_it_between_two_kinds():
+    runs = reservation_runs([0], capacity=2 * 2048 + 100, num_requests=40)
+    (res,) = runs["oracle"]
+    rounding = 100 * res.fractions()["rounding"]
+    external, internal = paper_kinds(res), paper_kinds(res, rounding="internal")
+    assert rounding > 0 and sum(internal) == pytest.approx(100.0)
+    assert internal[2] == pytest.approx(external[2] + rounding)
+    assert internal[3] == pytest.approx(external[3] - rounding)
+    with pytest.raises(ValueError):
+        paper_kinds(res, rounding="elsewhere")
+
+
+def test_mean_and_standard_error_over_seeds():
+    mean, se = mean_se([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5 and se == pytest.approx(np.std([1, 2, 3, 4], ddof=1) / 2)
+    with pytest.raises(ValueError):
+        mean_se([1.0])
+    runs = reservation_runs([0, 1], capacity=2 * 2048 + 100, num_requests=40)
+    means, ses = kinds_mean_se(runs["max"])
+    assert len(means) == len(ses) == 4 and sum(means) == pytest.approx(100.0)
+
+
+def test_a_verdict_is_decided_only_when_the_whole_error_bar_is():
+    assert fig2_verdict(19.0, 0.1, 20.4) == "within"  # 1.4 + 0.2 <= 2
+    assert fig2_verdict(17.0, 0.1, 20.4) == "outside"  # 3.4 - 0.2 > 2
+    assert fig2_verdict(18.5, 0.1, 20.4) == "undecided"  # 1.9 +- 0.2 straddles 2
+    assert fig2_verdict(18.5, 0.0, 20.4) == "within"

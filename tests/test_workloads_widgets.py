@@ -117,6 +117,44 @@ def test_block_drawings_render(tmp_path):
     plt.close(fig)
 
 
+def test_finished_requests_tails_are_never_used_and_grids_colour_apart(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from pagedkv_lab.plotting import COLORS, REQUEST_COLORS
+    from pagedkv_lab.widgets import (
+        block_legend_handles,
+        draw_block_grid,
+        draw_paging_diagram,
+        grid_colors,
+    )
+
+    def hatch_colors(ax):
+        return {to_hex(p.get_edgecolor()) for p in ax.patches if p.get_hatch()}
+
+    fig, axes = plt.subplots(1, 3)
+    tables = {"A": ([0, 3], 21), "B": ([2], 5)}
+    draw_paging_diagram(axes[0], tables, 4, 16)
+    draw_paging_diagram(axes[1], tables, 4, 16, finished=True)
+    assert hatch_colors(axes[0]) == {COLORS["reserved"].lower()}
+    assert hatch_colors(axes[1]) == {COLORS["internal"].lower()}
+    labels = [h.get_label() for h in block_legend_handles(filled_later=False)]
+    assert not any("filled later" in label for label in labels)
+    # Requests 23 and 39 (ids 16 apart) get colours of their own.
+    colors = grid_colors([23, 39, 40])
+    assert len(set(colors.values())) == 3
+    assert len(set(grid_colors(range(100, 116)).values())) == len(REQUEST_COLORS)
+    owners = {0: (23, 16), 1: (39, 16), 2: (40, 4)}
+    draw_block_grid(axes[2], owners, 4, 16, columns=2)
+    faces = {to_hex(p.get_facecolor()) for p in axes[2].patches if p.get_fill()}
+    assert {colors[23], colors[39]} <= faces
+    fig.savefig(tmp_path / "finished.png")
+    plt.close(fig)
+
+
 def _sliders(box):
     """Every slider in a viewer's widget tree."""
     import ipywidgets as w
