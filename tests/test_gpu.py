@@ -275,19 +275,24 @@ def test_engine_logits_in_half_precision_track_the_models_own(name, dtype, runne
 @pytest.mark.parametrize("dtype", [d for d in dtypes() if d != torch.float32])
 def test_llm_serves_in_half_precision(dtype):
     """End to end through `LLM` in fp16/bf16: every request finishes with its
-    tokens and nothing leaks. The first token (from the prefill's logits) agrees
-    with transformers' own generate in the same dtype for at least half the
-    prompts: a loose bound on purpose (near-ties flip under rounding; the
-    logits test above is the precise check), which a broken prefill, agreeing
-    by chance on 1 token in 320, would not meet."""
+    tokens and nothing leaks, and every request's tokens equal transformers'
+    own greedy generate in the same dtype up to the first difference, where
+    vLLM's rule must accept it (each token among the other's top 5:
+    `pagedkv_lab.compare`); near-ties flip under rounding, a wrong token does
+    not pass."""
+    from pagedkv_lab.compare import compare_systems
+
     llm = LLM("small-llama", device="cuda", dtype=dtype, kv_cache_memory=64 * 2**20)
     batch = prompts([3, 20, 64, 100, 17, 33, 48, 90], seed=5)
     outs = llm.generate(batch, GREEDY, use_tqdm=False)
     assert [len(o.token_ids) for o in outs] == [GREEDY.max_tokens] * len(batch)
     assert llm.block_manager.num_free_blocks == llm.stats.num_blocks
-    first = [greedy_alone(llm.model, p, 1)[0] for p in batch]
-    agree = sum(o.token_ids[0] == f for o, f in zip(outs, first))
-    assert 2 * agree >= len(batch), f"{agree} of {len(batch)} first tokens agree"
+    theirs = [greedy_alone(llm.model, p, GREEDY.max_tokens) for p in batch]
+    judged = compare_systems(
+        {"generate": theirs, "pagedkv": [o.token_ids for o in outs]},
+        [GREEDY.max_tokens] * len(batch), exact=False, model=llm.model, prompts=batch,
+    )["pagedkv"]
+    assert judged.sound, judged.summary()
 
 
 def test_graphed_decode_equals_eager_and_generate():
