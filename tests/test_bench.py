@@ -186,6 +186,27 @@ def test_hf_continuous_thread_lives_only_inside_its_runs():
     assert getattr(runner.model, "_cached_continuous_batching_manager", None) is None
 
 
+def test_hf_continuous_default_budget_is_transformers_default_not_the_free_memory():
+    # no step budget (bench nanovllm's peer): transformers 5.17 would size it to take
+    # 80-90% of the machine's memory (20 GB on CI's 24 GiB, issue 47)
+    setup = bench.ServeSetup(
+        "tiny-llama",
+        torch.device("cpu"),
+        max_model_len=64,
+        budget_tokens=2048,
+        block_size=16,
+        max_num_seqs=512,
+        max_num_batched_tokens=None,
+        threads=torch.get_num_threads(),
+    )
+    runner = peers._HFContinuousRunner(setup)
+    try:
+        cache = runner.manager.batch_processor.cache
+        assert cache.max_batch_tokens == peers.HF_DEFAULT_MAX_BATCH_TOKENS
+    finally:
+        runner.close()
+
+
 def test_vllm_block_sizes_are_multiples_of_32_that_fit():
     assert vllm_block_sizes((16, 32, 48, 64, 128), 512, 4096) == [32, 64, 128]
     assert vllm_block_sizes((32, 64, 128), 64, 128) == [32, 64]

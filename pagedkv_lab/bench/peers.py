@@ -14,6 +14,15 @@ from .common import ServeSetup, _run_result, static_batches
 # the script the vLLM python runs: it needs nothing of this package
 VLLM_PEER_SCRIPT = Path(__file__).resolve().parent.parent / "_vllm_peer.py"
 
+#: transformers' step budget when none is given (its ``PagedAttentionMemoryHandler``'s
+#: default), passed explicitly: with ``num_blocks`` fixed and no ``max_batch_tokens``,
+#: transformers 5.17 (the floor pyproject.toml allows) solves for the budget whose
+#: footprint, mostly attention masks of ``[budget, cache tokens + budget]``, takes
+#: 80-90% of the machine's memory less this process's own (on a CPU it does not
+#: subtract other processes'): 73,466 tokens and 20 GB resident for tiny-llama's 2,048-token
+#: cache on a 24 GiB machine (issue 47). transformers 5.24 takes 8192 either way.
+HF_DEFAULT_MAX_BATCH_TOKENS = 8192
+
 
 class _HFStaticRunner:
     """``model.generate`` in static batches sized by the KV budget (see `static_batches`)."""
@@ -130,10 +139,11 @@ class _HFContinuousRunner:
         # transformers 5.18 renamed the config's block_size to page_size
         fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
         size_field = "page_size" if "page_size" in fields else "block_size"
+        step_budget = setup.max_num_batched_tokens or HF_DEFAULT_MAX_BATCH_TOKENS
         self._batching = ContinuousBatchingConfig(
             **{size_field: setup.block_size},
             num_blocks=setup.budget_tokens // setup.block_size,
-            max_batch_tokens=setup.max_num_batched_tokens,
+            max_batch_tokens=step_budget,
             max_requests_per_batch=setup.max_num_seqs,
             allow_block_sharing=setup.prefix_caching,
         )
