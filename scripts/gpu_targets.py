@@ -37,7 +37,6 @@ import math
 import sys
 from pathlib import Path
 
-
 #: Issue 44's goals for `bench nanovllm` on an H100, tokens per second: ahead of
 #: what vLLM and nano-vllm's Triton port would reach there if they scaled with
 #: memory bandwidth from their published A800 runs (chapter 10).
