@@ -73,8 +73,10 @@ def device_report(device: torch.device | None = None) -> dict[str, str]:
 @dataclass(frozen=True)
 class GPUSpec:
     """What the library reads from a CUDA device: its name, compute capability,
-    the memory the runtime reports (after ECC and the driver's share, so a
-    "16 GB" T4 shows 15,360 MiB) and its multiprocessor count."""
+    total memory and multiprocessor count. Read from a card, the memory is what
+    torch reports (``total_memory``), a little less than `nvidia-smi`'s total;
+    `KNOWN_GPUS` describes cards by `nvidia-smi`'s figures (a "16 GB" T4 shows
+    15,360 MiB there, after ECC)."""
 
     name: str
     capability: tuple[int, int]

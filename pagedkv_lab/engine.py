@@ -773,10 +773,10 @@ def draw_tokens(
 ) -> torch.Tensor:
     """Per row of ``probs`` ``[rows, vocab]``, the token at which the
     cumulative probability first reaches ``uniforms[row]`` times the row's
-    total (inverse-transform sampling): three operations over the whole batch,
-    whatever its size. A token of probability zero is never drawn: if rounding
+    total (inverse-transform sampling): a fixed handful of operations over the
+    whole batch, whatever its size. A token of probability zero is never drawn: if rounding
     ever lands on one, the row takes ``fallback`` (its most likely token)."""
-    cdf = probs.cumsum(-1)
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # a float32 running sum drifts
     target = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, target)[:, 0].clamp_(max=probs.shape[-1] - 1)
     drawable = probs.gather(1, tokens[:, None])[:, 0] > 0
@@ -850,7 +850,7 @@ def sample_batched(
     if not columns.any_random:
         return greedy
     x = columns.cut(logits.float() / columns.temperature[:, None])
-    u = upload(columns.uniforms(seqs), torch.float32, logits.device)
+    u = upload(columns.uniforms(seqs), torch.float64, logits.device)
     drawn = draw_tokens(x.softmax(-1), u, greedy)
     return torch.where(columns.is_random, drawn, greedy)
 

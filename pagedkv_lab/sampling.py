@@ -16,8 +16,10 @@ operations whatever the batch's size (chapter 05's `engine.sample_batched`,
 with ``min_p`` and the logits processing above). Each random row draws one
 counter-based number, hashed from its sample's seed (`engine.sample_seed`) and
 the position of the token it draws (`engine.counter_uniforms`): a seeded request
-gets the same tokens in any batch, after a preemption, and on a CPU as on a GPU
-up to the rounding of its logits. `sample` is the per-row reference, kept for
+draws the same numbers in any batch, after a preemption and on any machine, so
+its tokens are the same wherever its logits are (on a GPU the last bits of a
+row's logits can change with the batch, which can flip a draw that lands within
+rounding of a boundary between two tokens). `sample` is the per-row reference, kept for
 the tests and for reading.
 
 The engine samples a step with `sample_tokens`, which returns the tokens as
