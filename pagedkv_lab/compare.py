@@ -11,12 +11,13 @@ token lists together; at the first position where they differ, each side's
 token must be among the other side's top-k most likely tokens there, and the
 comparison stops, since what follows a flip no longer compares like with like.
 
-`check_logprobs_close` is that rule. A system that reports no log-probabilities
-gets them from one teacher-forced forward pass of the reference model over its
-own tokens (`teacher_forced_top_k`): up to the first difference both lists
-share a prefix, so at that position both sides are judged by the same model's
-distribution. `compare_systems` applies it to every request of a benchmark and
-says where each divergence fell.
+`check_logprobs_close` is that rule, on each side's own top-k lists.
+`compare_systems` applies a simplification of it to every request of a
+benchmark, and says where each divergence fell: both sides are judged by one
+teacher-forced forward pass of the reference model (`teacher_forced_top_k`)
+over the prefix they share up to their first difference, so both tokens must
+be among that one distribution's top k (vLLM's rule reads each side's own
+log-probabilities instead).
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class SystemAgreement:
         where = (f", first difference at token {min(self.positions)}-{max(self.positions)}"
                  if self.positions else "")  # fmt: skip
         text = (f"{self.identical}/{self.requests} identical, {self.accepted} differ at a "
-                f"near-tie (both tokens in the other's top-k){where}")  # fmt: skip
+                f"near-tie (both tokens in the reference's top-k){where}")  # fmt: skip
         if self.full_length != self.requests:
             text += f"; {self.requests - self.full_length} of the wrong length"
         if self.rejected:

@@ -312,11 +312,13 @@ class EngineArgs:
 
         By default (None) on with a CUDA device, off on a CPU, as vLLM's
         default since 0.14 (its CPU backend excluded): on a GPU the host plans
-        step N+1 while the device runs step N, which the committed H100 run of
-        nano-vllm's benchmark measured at +28% to +34% tokens per second
-        (``book/reports/h100``), with the CUDA test against the synchronous
-        loop passing (``tests/test_gpu.py``); on a CPU the host runs the
-        forward pass itself, so there is nothing to overlap. Refused with a
+        step N+1 while the device runs step N. The CUDA test against the
+        synchronous loop (``tests/test_gpu.py``) passed on the committed H100
+        run, which also timed nano-vllm's benchmark 28% to 34% faster this way
+        (``book/reports/h100/run_20261126``: one run each, synchronous first,
+        an earlier engine, so not separated from a warmer second run; the GPU
+        check times both again). On a CPU the host runs the forward pass
+        itself, so there is nothing to overlap. Refused with a
         block manager that registers blocks for the prefix cache when they are
         scheduled (it would key a block by tokens the host does not have yet):
         an error if asked for, off if by default."""

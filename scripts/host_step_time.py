@@ -19,9 +19,10 @@ sampler over the stand-in's logits: an argmax by default, and with
 
 With ``--async-scheduling`` the engine schedules step N+1 before it reads step
 N's tokens (vLLM's ``async_scheduling``): on a CPU, where the forward pass runs
-in the host's own thread, this reorders the same work; the figure shows that
-the reordering costs nothing. What it hides behind a GPU's step can only be
-measured on a GPU.
+in the host's own thread, there is nothing to hide behind, and what the
+reordering adds (stand-ins for the tokens still on the device, packed and
+resolved) shows as a cost; chapter 06 times both. What it hides behind a GPU's
+step can only be measured on a GPU.
 
 Run it with ``OMP_NUM_THREADS=1`` on a shared machine: an operation this small
 split over two threads mostly waits for the second core.

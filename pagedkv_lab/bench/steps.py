@@ -6,8 +6,9 @@ On a GPU a step's wall time is the host's own work (scheduling, packing the
 inputs, launching, appending tokens, outputs) plus the time it waits for the
 device to hand back the step's tokens; the device's time is measured apart,
 with CUDA events around the forward pass (a graph replay, for decode) and
-around the sampler. When the host's share exceeds the device's, the GPU idles
-between steps, whatever the kernels do. On a CPU the host runs the forward
+around the sampler. In the synchronous loop the GPU idles for the whole of the
+host's share; with a step in flight, for whatever of it exceeds the device's
+time. Either way that idle time is the engine's, whatever the kernels do. On a CPU the host runs the forward
 pass and the sampler itself, so their share is wall time, and nothing waits.
 """
 
