@@ -799,10 +799,10 @@ if triton is not None:
         TILE_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr, UPCAST: tl.constexpr,
         DOT: tl.constexpr, RUN: tl.constexpr, MASK_EVERY_TILE: tl.constexpr,
         FOLD: tl.constexpr, DOT_ACC: tl.constexpr, PROGRAM_MAP: tl.constexpr,
-        HEAVY_FIRST: tl.constexpr, INF_GUARD: tl.constexpr, DIM_MASK: tl.constexpr,
+        HEADS_FASTEST: tl.constexpr, INF_GUARD: tl.constexpr, DIM_MASK: tl.constexpr,
     ):  # fmt: skip
         pid, kv_head, segment = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        if HEAVY_FIRST:  # axis 0 is the KV head: all heads of a Q-block start together
+        if HEADS_FASTEST:  # axis 0 is the KV head: a Q-block's heads are neighbours
             pid, kv_head = kv_head, pid
         seq, first_q, q_start, q_len = _program_start(
             query_start_ptr, map_ptr, num_seqs, pid, BLOCK_Q, PROGRAM_MAP)
@@ -875,6 +875,12 @@ if triton is not None:
         merged = tl.sum(outs * weight[:, None], axis=0) / tl.sum(weight, axis=0)
         dst = dst_ptr + tok * stride_d_tok + head * stride_d_head + d
         tl.store(dst, merged.to(dst_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+#: Kernels `merge_partial_attention` and the cast to the query's dtype launch on a
+#: GPU: softmax, mul, sum and the copy. Chapter 04 counts its aten ops
+#: (`fused.count_ops`); the dtype promotion and the unsqueeze launch nothing.
+TORCH_MERGE_KERNELS = 4
 
 
 def merge_segments(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype):
@@ -954,11 +960,13 @@ def tuned_launch(device_name: str, kind: str) -> dict:
 #: run (the H100 run of 2026-11-26 timed it, `run_20261126/kernels.txt`). The
 #: levers of the prefill climb stay off until a GPU run commits a winner that
 #: uses them (`tuned_launch`): the scale folded into exp2's multiply-add, tl.dot
-#: accumulating in place, a program map built once per step, the heaviest
-#: Q-blocks first, no head-dim masks when the head is not padded, and no guard
-#: against rows that saw no key in tiles that every row sees whole.
+#: accumulating in place, a program map built once per step, KV heads on the
+#: grid's fastest axis, the heaviest Q-blocks first, no head-dim masks when the
+#: head is not padded, and no guard against rows that saw no key in tiles that
+#: every row sees whole.
 _LEVERS = dict(fold_scale=False, dot_acc=False, program_map=False,
-               heavy_first=False, dim_masks=True, inf_guard=True)  # fmt: skip
+               heads_fastest=False, heavy_first=False, dim_masks=True,
+               inf_guard=True)  # fmt: skip
 TILED_SWITCHES = {
     "decode": dict(dot=True, mask_every_tile=True, block_runs=False, fused_merge=True,
                    **_LEVERS),
@@ -1022,12 +1030,12 @@ def _tiled_plan(q, k_cache, block_tables, decode, tile_sizes, num_segments, aske
         TILE_N=tile_n, NUM_SEGMENTS=num_segments, UPCAST=upcast, DOT=sw["dot"],
         RUN=run if run > 1 else 0, MASK_EVERY_TILE=sw["mask_every_tile"],
         FOLD=sw["fold_scale"] and scale > 0, DOT_ACC=sw["dot_acc"],
-        PROGRAM_MAP=sw["program_map"], HEAVY_FIRST=sw["heavy_first"],
+        PROGRAM_MAP=sw["program_map"], HEADS_FASTEST=sw["heads_fastest"],
         INF_GUARD=sw["inf_guard"], DIM_MASK=sw["dim_masks"] or head_dim != dim_pad,
     )  # fmt: skip
     launch = {k: tuned[k] for k in ("num_warps", "num_stages") if k in tuned}
     grid = (num_blocks_q, kv_heads, num_segments)
-    if sw["heavy_first"]:  # KV heads vary fastest: a Q-block's heads start together
+    if sw["heads_fastest"]:  # KV heads on axis 0: a Q-block's heads are neighbours
         grid = (kv_heads, num_blocks_q, num_segments)
     return grid, constants, launch, sw
 
@@ -1181,8 +1189,9 @@ DECODE_LADDER = [
          kernel="torch", traffic=3),
     Rung("first kernel", "read the blocks in place: a program per (sequence, KV "
          "head), one block of keys per step, products by tl.sum",
-         "1x the traffic, but one block in flight per program: far below the "
-         "copy bandwidth, latency-bound", kernel="first"),
+         "1x the traffic; the model (no instruction counts) says HBM-bound, near "
+         "SDPA's time; a slower kernel means one of two hypotheses: too few bytes "
+         "in flight, or instruction issue", kernel="first"),
     Rung("first kernel's walk, tiled kernel", "the same walk (a block of 16 keys "
          "per step, tl.sum, 512-token partitions) in the tiled kernel's structure",
          "the same as the first kernel", options=dict(
@@ -1204,13 +1213,14 @@ DECODE_LADDER = [
     Rung("128-key tiles", "tiles of 128 keys", "2x the bytes in flight per "
          "program: faster where the GPU is full but below the copy bandwidth",
          options=dict(tile_sizes=(16, 128), fused_merge=False, **_EVERY_TILE)),
-    Rung("one fused merge", "segments merged by one Triton kernel, not five "
-         "PyTorch kernels (the library's default)", "the same bytes, four launches "
-         "fewer: faster only where attention itself takes tens of microseconds"),
+    Rung("one fused merge", "segments merged by one Triton kernel, not PyTorch's "
+         "four (the library's default)", "the same bytes, three launches fewer: "
+         "faster only where attention itself takes tens of microseconds"),
 ]  # fmt: skip
 
 _BIG = dict(tile_sizes=(128, 64), num_warps=8, num_stages=2)  # rung 7's launch
 _MAP = dict(_BIG, fold_scale=True, dot_acc=True, program_map=True)  # rung 10
+_HEAVY = dict(_MAP, heads_fastest=True, heavy_first=True)  # rung 12
 PREFILL_LADDER = [
     Rung("PyTorch, sequence by sequence", "gather each sequence's blocks, SDPA with "
          "an explicit causal mask, a Python loop over sequences", "3x the K/V "
@@ -1235,12 +1245,17 @@ PREFILL_LADDER = [
          "each loaded K/V byte serves twice the rows (half the L2 traffic), but a "
          "128 x 128 fp32 accumulator on 128 threads: registers spill",
          options=dict(tile_sizes=(128, 64), num_warps=4)),
-    Rung("8 warps", "8 warps (two warpgroups of 64 rows) for the 128 rows",
-         "half the registers per thread: no spills, wgmma on each warpgroup",
-         options=dict(tile_sizes=(128, 64), num_warps=8)),
+    Rung("8 warps", "8 warps for the 128 rows", "two warpgroups of 64 rows: the "
+         "accumulator per thread halves (128 -> 64 fp32 registers), no spills; "
+         "both variants use wgmma", options=dict(tile_sizes=(128, 64), num_warps=8)),
     Rung("2 pipeline stages", "2 stages of K/V tiles in shared memory, not "
-         "Triton's default 3", "less shared memory per program: two programs fit "
-         "on a multiprocessor where one did", options=dict(_BIG)),
+         "Triton's default 3", "no change: register-bound (160 registers x 256 "
+         "threads: one program per SM; shared memory alone would allow two)",
+         options=dict(_BIG)),
+]  # fmt: skip
+# rungs 8 and up, the levers: the next cell
+
+PREFILL_LADDER += [  # the levers
     Rung("scale in exp2's multiply-add", "scores stay unscaled; the softmax scale "
          "goes into exp2's argument, one multiply-add per score",
          "one FP32 multiply fewer per score", options=dict(_BIG, fold_scale=True)),
@@ -1250,18 +1265,22 @@ PREFILL_LADDER = [
     Rung("program map", "each program reads its (sequence, first query) from a "
          "map built once per step, no binary search", "fewer dependent loads "
          "before a program's first tile", options=_MAP),
+    Rung("KV heads fastest", "the grid's axes swap: KV heads on axis 0, so a "
+         "Q-block's programs for every KV head are neighbours", "if CTAs start in "
+         "blockIdx order (a hypothesis: CUDA does not promise it), the heads of "
+         "one Q-block start together: little change alone",
+         options=dict(_MAP, heads_fastest=True)),
     Rung("heaviest Q-blocks first", "the map lists the Q-blocks that read the "
-         "most keys first; all KV heads of one start together", "a shorter tail: "
-         "the last wave holds the lightest programs",
-         options=dict(_MAP, heavy_first=True)),
+         "most keys first", "a shorter tail, the last wave holding the lightest "
+         "programs (the same dispatch hypothesis)", options=dict(_HEAVY)),
     Rung("no head-dim masks", "loads of tiles every row sees whole carry no mask "
          "when the head is not padded (head_dim 128)", "fewer predicate "
          "instructions per load: a small gain",
-         options=dict(_MAP, heavy_first=True, dim_masks=False)),
+         options=dict(_HEAVY, dim_masks=False)),
     Rung("no -inf guard in whole tiles", "the guard for rows that saw no key "
          "yet stays only in masked tiles", "one compare and select fewer per row "
          "and tile: a small gain",
-         options=dict(_MAP, heavy_first=True, dim_masks=False, inf_guard=False)),
+         options=dict(_HEAVY, dim_masks=False, inf_guard=False)),
     Rung("tuned (the library's default)", "not a rung: the library's own launch, "
          "a committed sweep's winner for this GPU (`tuned_launch`), else the "
          "block-runs rung's", "the best rung or better, by construction"),
@@ -1282,12 +1301,19 @@ class CardModel:
     l2_Bps: float  # hypothesis until a run measures it
     latency_s: float  # one dependent memory round trip: hypothesis
     launch_gap_s: float  # between two kernels of a graph replay: hypothesis
+    #: a load that hits L2 (small, hot data: query_start_loc, the program map):
+    #: hypothesis
+    l2_latency_s: float = 0.2e-6
+    #: compute capability 9.0's limits (CUDA C++ Programming Guide, "Features and
+    #: Technical Specifications"): registers and warps per SM, one block's most
+    #: shared memory
     regs_per_sm: int = 65536
-    smem_per_sm: int = 227 * 1024  # one block's most
+    smem_per_sm: int = 227 * 1024
     warps_per_sm: int = 64
 
     def with_measured(self, ceilings: dict | None) -> CardModel:
-        """This model with a run's measured ceilings (`bench.kernel.ceilings`)."""
+        """This model with a run's measured ceilings (`bench.kernel.ceilings`), or
+        with a committed copy's bandwidth as ``hbm_Bps``: the chapter's ceiling."""
         got = {k: v for k, v in (ceilings or {}).items()
                if k in ("tensor_flops", "hbm_Bps", "l2_Bps") and v}  # fmt: skip
         return dataclasses.replace(self, **got)
@@ -1296,7 +1322,8 @@ class CardModel:
 #: H100 SXM: datasheet (132 SMs, 989 TFLOPS dense bf16, 67 TFLOPS FP32 counting
 #: an FMA as two, 3.35 TB/s); FlashAttention-3's paper (mma.sync ~2/3 of peak,
 #: 3.9 T exponentials/s); hypotheses: L2 at twice the HBM bandwidth, 0.5 us a
-#: memory round trip, 2 us between the kernels of a graph replay.
+#: memory round trip (0.2 us when the load hits L2), 2 us between the kernels of
+#: a graph replay.
 H100_SXM = CardModel("H100 SXM", 132, 989e12, 2 / 3, 3.9e12, 33.5e12, 3.35e12,
                      6.7e12, 0.5e-6, 2e-6)  # fmt: skip
 
@@ -1345,16 +1372,28 @@ def _tile_costs(s, card, rows, keys, head_dim, masked_share, r, regs):
 
 def _resources(s, rows, keys, head_dim, itemsize, resources):
     """(registers a thread, shared memory bytes): compiled where known, else
-    estimated: the fp32 accumulator and scores and the Q tile over the threads,
-    and the pipeline's K/V tiles plus Q in shared memory."""
+    estimated: the fp32 accumulator and scores and the Q tile over the threads
+    (with `tl.sum`, the broadcast [rows, keys, head_dim] products too), and the
+    pipeline's K/V tiles plus Q in shared memory."""
     threads = 32 * s["num_warps"]
-    regs = (rows * head_dim * (4 + itemsize) + rows * keys * 4) // (4 * threads) + 32
+    live = rows * head_dim * (4 + itemsize) + rows * keys * 4
+    if not s["dot"]:  # the broadcast products, fp32, before tl.sum reduces them
+        live += rows * keys * head_dim * 4
+    regs = live // (4 * threads) + 32
     stages = (s["num_stages"] or 3) if s["dot"] else 1
     smem = stages * 2 * keys * head_dim * itemsize + rows * head_dim * itemsize
     got = resources or {}
     if got.get("n_regs"):  # Triton's n_spills: spilled 32-bit words a thread
         regs = got["n_regs"] + (got.get("n_spills") or 0)
     return regs, got.get("shared") or smem
+
+
+#: The first kernel, as the model sees it: a tiled program of a group's rows,
+#: blocks of 16 keys, products by tl.sum, 512-token partitions.
+_FIRST_SETTINGS = dict(
+    dot=False, fold_scale=False, dot_acc=False, inf_guard=True, num_warps=4,
+    num_stages=1, rows=2, keys=16, mask_every_tile=True, fused_merge=False,
+    program_map=False, heavy_first=False, heads_fastest=False, split="partitions")
 
 
 def _decode_pieces(s, card, seqs, kv_heads, block_q, length, keys) -> int:
@@ -1368,6 +1407,16 @@ def _decode_pieces(s, card, seqs, kv_heads, block_q, length, keys) -> int:
         return 1
     return min(16, triton.next_power_of_2(math.ceil(2 * card.sms / grid)),
                math.ceil(length / keys))  # fmt: skip
+
+
+def _launch_order(tiles_each: list[int], kv_heads: int, s: dict) -> list[int]:
+    """Tiles each program reads, in launch order, if CTAs start in blockIdx
+    order (a hypothesis: CUDA does not promise it): axis 0 varies fastest, the
+    Q-blocks, or with ``heads_fastest`` the KV heads."""
+    order = sorted(tiles_each, reverse=True) if s["heavy_first"] else tiles_each
+    if s["heads_fastest"]:
+        return [t for t in order for _ in range(kv_heads)]
+    return [t for _ in range(kv_heads) for t in order]
 
 def predict_rung(rung: Rung, kind: str, shape: tuple[int, int], heads=(32, 8, 128),
                  card: CardModel = H100_SXM, resources: dict | None = None,
@@ -1387,10 +1436,7 @@ def predict_rung(rung: Rung, kind: str, shape: tuple[int, int], heads=(32, 8, 12
         flops = 4 * d * num_heads * seqs * length * length
         mma = flops / (card.tensor_flops * card.mma_sync_share)
         return {"ms": 1e3 * (rung.traffic * floor + mma), "bound": "compute"}
-    s = (rung_settings(rung, kind) if rung.kernel == "tiled" else dict(
-        dot=False, fold_scale=False, dot_acc=False, inf_guard=True, num_warps=4,
-        num_stages=1, rows=2, keys=16, mask_every_tile=True, fused_merge=False,
-        program_map=False, heavy_first=False, split="partitions"))  # fmt: skip
+    s = rung_settings(rung, kind) if rung.kernel == "tiled" else _FIRST_SETTINGS
     rows = 1 if rung.kernel == "first" and kind == "prefill" else s["rows"]
     block_q = _block_q(rows, group, s["dot"])
     m, keys = block_q * triton.next_power_of_2(group), s["keys"]
@@ -1410,21 +1456,22 @@ def predict_rung(rung: Rung, kind: str, shape: tuple[int, int], heads=(32, 8, 12
     tile_bytes = 2 * keys * d * itemsize
     l2 = r * tile_bytes / (card.l2_Bps / card.sms)
     tile_s = max(tile_s, l2)  # loads overlap the math (pipelined) up to L2's rate
-    starts = 2 + (0 if s["program_map"] else max(1, math.ceil(math.log2(seqs))))
-    start_s = starts * card.latency_s
+    # a start: two loads from HBM (context length, the first table entry), and
+    # the search's loads (or the map's one) of small data that L2 holds
+    searches = 1 if s["program_map"] else max(1, math.ceil(math.log2(seqs)))
+    start_s = 2 * card.latency_s + searches * card.l2_latency_s
     found = {"occupancy": r, "registers": regs, "shared": smem, "wgmma": wgmma}
     if kind == "decode":  # Little's law: in flight, a table lookup then the keys
         inflight = ((s["num_stages"] or 3) if s["dot"] else 1) * tile_bytes
         drawn = min(card.hbm_Bps, card.sms * r * inflight / (2 * card.latency_s))
         mem_s = kv_bytes / drawn
-        merges = 0 if pieces == 1 else (1 if s["fused_merge"] else 5)
+        merges = 0 if pieces == 1 else (1 if s["fused_merge"] else TORCH_MERGE_KERNELS)
         compute = sum(tiles_each) * pieces * kv_heads * tile_s / (card.sms * r)
         total = max(mem_s, compute) + start_s + merges * card.launch_gap_s
         bound = "latency (Little's law)" if drawn < card.hbm_Bps else "HBM"
         return {"ms": 1e3 * total, "bound": bound if mem_s >= compute else "compute",
                 **found}  # fmt: skip
-    order = sorted(tiles_each, reverse=True) if s["heavy_first"] else tiles_each
-    jobs = [start_s + t * tile_s for t in order for _ in range(kv_heads)]
+    jobs = [start_s + t * tile_s for t in _launch_order(tiles_each, kv_heads, s)]
     total = max(_list_schedule(jobs, card.sms * r), floor)
     bound = "L2" if l2 >= tile_s * 0.999 else "compute"
     return {"ms": 1e3 * total, "bound": bound, **found}

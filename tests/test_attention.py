@@ -629,8 +629,8 @@ def test_tuned_launch_reads_the_committed_file(monkeypatch, tmp_path):
 #: What one rung may change at once: tl.dot needs its 16 rows.
 ONE_CHANGE = [{"dot", "rows"}, {"keys"}, {"split"}, {"fused_merge"}, {"mask_every_tile"},
               {"block_runs"}, {"rows"}, {"num_warps"}, {"num_stages"}, {"fold_scale"},
-              {"dot_acc"}, {"program_map"}, {"heavy_first"}, {"dim_masks"},
-              {"inf_guard"}]  # fmt: skip
+              {"dot_acc"}, {"program_map"}, {"heads_fastest"}, {"heavy_first"},
+              {"dim_masks"}, {"inf_guard"}]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
@@ -681,6 +681,7 @@ def test_the_prefill_levers_change_no_result(poisoned, segments, dtype):
     segments (3), one head size only: in the interpreter each head size costs
     about fifteen seconds there (on a GPU the same cases run compiled)."""
     levers = [dict(fold_scale=True), dict(dot_acc=True), dict(program_map=True),
+              dict(program_map=True, heads_fastest=True),
               dict(program_map=True, heavy_first=True), dict(dim_masks=False),
               dict(inf_guard=False)]  # fmt: skip
     for head_dim in (40, 64) if segments == 1 else (64,):
