@@ -622,11 +622,36 @@ def claims_table() -> str:
     return "\n".join(lines)
 
 
+_WORDS = "no one two three four five six seven eight nine ten eleven twelve".split()
+
+
+def _count(n: int) -> str:
+    """``n`` as a word for the small counts the page states, else as digits."""
+    return _WORDS[n] if 0 <= n < len(_WORDS) else str(n)
+
+
+def _and(items: list[str]) -> str:
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+
+
 def traps_table() -> str:
-    """The traps table of ``book/claims.md``: each mistake, where the circulating
-    explanations print it (their code, what it does, the explanation and section),
-    and the chapter that shows it failing."""
+    """The traps section of ``book/claims.md``: a paragraph that counts the traps
+    and the chapters showing them, then a table of each mistake, where the
+    circulating explanations print it (their code, what it does, the explanation
+    and section), and the chapter that shows it failing."""
+    chapters = sorted({t.chapter for t in TRAPS.values()})
+    printed = sum(bool(t.quotes) for t in TRAPS.values())
+    intro = (
+        f"{_count(len(TRAPS)).capitalize()} correctness traps are shown failing "
+        f"beside the right version in chapter 11's\n{{ref}}`audit-traps`, from "
+        f"chapter{'s' * (len(chapters) > 1)} {_and(chapters)}. "
+        f"{_count(printed).capitalize()} of them appear in the code\nthat the "
+        "circulating explanations print; the table quotes that code, from the\n"
+        "same module (`pagedkv_lab.claims.TRAPS`):"
+    )
     lines = [
+        intro,
+        "",
         "| # | the mistake | where it appears: the code as printed there | shown in |",
         "|---|---|---|---|",
     ]
@@ -649,7 +674,8 @@ def _replace(page: str, begin: str, end: str, table: str) -> str:
 
 def render_index(page: str) -> str:
     """``page`` with the text between `BEGIN` and `END` replaced by `claims_table`,
-    and between `TRAPS_BEGIN` and `TRAPS_END` by `traps_table`."""
+    and between `TRAPS_BEGIN` and `TRAPS_END` by `traps_table` (the traps'
+    paragraph and table)."""
     page = _replace(page, BEGIN, END, claims_table())
     return _replace(page, TRAPS_BEGIN, TRAPS_END, traps_table())
 

@@ -45,6 +45,10 @@ COLORS: dict[str, str] = {
 #: Hatching that sets a state apart from another of the same colour.
 HATCHES: dict[str, str] = {"rounding": "xxx"}
 
+#: Width and height, in points, of a legend's state patch: large enough to show
+#: the rounding's hatch (`state_legend`).
+PATCH_POINTS = (22.0, 8.0)
+
 #: Human-readable names for the legend.
 LABELS: dict[str, str] = {
     "used": "used: holds K/V",
@@ -134,9 +138,13 @@ def state_patch(state: str, label: str | None = None) -> Patch:
 
 def state_legend(target, states, *, ncol: int = 3, y: float = -0.2, **kwargs):
     """A legend of ``states`` centred under ``target`` (an Axes, or a Figure when
-    ``y`` is a figure fraction), where it hides nothing."""
+    ``y`` is a figure fraction), where it hides nothing. Its patches are the same
+    size in points whatever the font size, large enough to show a hatch."""
     handles = [state_patch(s) for s in states]
     kwargs.setdefault("fontsize", 8)
+    size = kwargs["fontsize"] if isinstance(kwargs["fontsize"], (int, float)) else 10
+    kwargs.setdefault("handlelength", max(2.0, PATCH_POINTS[0] / size))
+    kwargs.setdefault("handleheight", max(0.7, PATCH_POINTS[1] / size))
     if hasattr(target, "transAxes"):
         return target.legend(
             handles=handles,

@@ -12,7 +12,13 @@ from functools import lru_cache
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from .plotting import COLORS, HATCHES, REQUEST_COLORS, request_color, state_patch
+from .plotting import (
+    COLORS,
+    HATCHES,
+    REQUEST_COLORS,
+    request_color,
+    state_legend,
+)
 
 
 def _legend_below(ax, handles, ncol: int) -> None:
@@ -110,14 +116,8 @@ def draw_pool_rows(
         ax.set_title(title)
     if legend:
         shown = states or tuple(dict.fromkeys(s for _, _, s in segments))
-        handles = [state_patch(s) for s in COLORS if s in shown]
-        ax.legend(
-            handles=handles,
-            loc="upper center",
-            bbox_to_anchor=(0.5, -0.25),
-            ncol=min(3, len(handles)),
-            fontsize=8,
-        )
+        drawn = [s for s in COLORS if s in shown]
+        state_legend(ax, drawn, ncol=min(3, len(drawn)), y=-0.25)
 
 
 @lru_cache(maxsize=32)
@@ -255,6 +255,11 @@ OWNER_COLORS = REQUEST_COLORS
 #: unlike every request colour.
 HIGHLIGHT_COLOR = "#1a1a1a"
 
+#: The legend's swatch for "used" in block drawings, where each request has a
+#: colour of its own: a neutral grey, unlike every request colour, the free
+#: blocks' light grey and `HIGHLIGHT_COLOR`.
+USED_SWATCH = "#8c8c8c"
+
 
 def owner_color(rid: int) -> str:
     """The colour a request's blocks are drawn in."""
@@ -326,7 +331,8 @@ def block_legend_handles(
     lengths; ``filled_later=False`` leaves out ``reserved``, for drawings of
     requests that have ended)."""
     handles = [
-        Patch(fc=REQUEST_COLORS[0], label="used: holds K/V (colour = request)"),
+        # Neutral: a request colour here would point at one request of the drawing.
+        Patch(fc=USED_SWATCH, label="used: holds K/V (colour = request)"),
         Patch(
             fc="white",
             ec=COLORS["reserved"],
@@ -425,10 +431,10 @@ def draw_block_table(
     top = max_rows
     ax.set_xlim(-0.2, 2.6)
     ax.set_ylim(-1.2, top + 3.2)
-    ax.text(1.2, top + 1.6, f"block table of\nrequest {rid}", ha="center", fontsize=9)
+    ax.text(1.2, top + 1.9, f"block table of\nrequest {rid}", ha="center", fontsize=10)
     # the column heads on two lines: side by side they would overlap
-    for x, y, text in ((0.5, 0.15, "logical"), (1.7, 0.85, "physical")):
-        ax.text(x, top + y, text, ha="center", fontsize=8, color="#555555")
+    for x, y, text in ((0.5, 0.15, "logical"), (1.7, 0.95, "physical")):
+        ax.text(x, top + y, text, ha="center", fontsize=10, color="#444444")
     for i, block in enumerate(shown):
         y = top - 1 - i
         ax.add_patch(plt.Rectangle((0.1, y + 0.05), 0.8, 0.9, fc="white", ec="#999999"))
