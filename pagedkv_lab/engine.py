@@ -774,8 +774,9 @@ def draw_tokens(
     """Per row of ``probs`` ``[rows, vocab]``, the token at which the
     cumulative probability first reaches ``uniforms[row]`` times the row's
     total (inverse-transform sampling): a fixed handful of operations over the
-    whole batch, whatever its size. A token of probability zero is never drawn: if rounding
-    ever lands on one, the row takes ``fallback`` (its most likely token)."""
+    whole batch, whatever its size. A token of probability zero is never
+    drawn: if rounding ever lands on one, the row takes ``fallback`` (its most
+    likely token)."""
     cdf = probs.cumsum(-1, dtype=torch.float64)  # a float32 running sum drifts
     target = uniforms.to(cdf.dtype)[:, None] * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, target)[:, 0].clamp_(max=probs.shape[-1] - 1)
