@@ -802,9 +802,9 @@ def cut_top_k_top_p(
 class SamplingColumns:
     """A batch's sampling parameters, one entry per row: ``temperature``,
     ``top_k`` and ``top_p`` as tensors on the device, uploaded once for as long
-    as the batch stays the same; the seeds and sample indices on the host, for
-    `uniforms`. A greedy row keeps temperature 1 and no cut: it is computed
-    like the others, and `sample_batched` takes its argmax instead."""
+    as the batch stays the same; each sample's seed on the host, for
+    `uniforms`. A greedy row keeps temperature 1: it is computed like the
+    others, and `sample_batched` takes its argmax instead."""
 
     def __init__(self, seqs: list[Sequence], vocab: int, device):
         ps = [s.params for s in seqs]
