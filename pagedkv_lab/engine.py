@@ -93,18 +93,15 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPSILON
 
-def make_generator(
-    seed: int | None, index: int = 0, device: torch.device | str = "cpu"
-) -> torch.Generator | None:
-    """The random stream of sample ``index`` of a seeded request (None: global),
-    for draws on ``device``.
+def make_generator(seed: int | None, index: int = 0) -> torch.Generator | None:
+    """The random stream of sample ``index`` of a seeded request (None: global).
 
     Sample ``index`` of a request draws from its own stream, so it gets the same
     tokens whatever else runs in the batch and however many siblings it has.
     """
     if seed is None:
         return None
-    return torch.Generator(device).manual_seed(sample_seed(seed, index))
+    return torch.Generator().manual_seed(sample_seed(seed, index))
 
 
 def sample_seed(seed: int, index: int = 0) -> int:

@@ -61,13 +61,6 @@ __all__ = [
 ]
 
 
-def _params(seq: Sequence):
-    """``seq``'s parameters if they are ours (chapter 05's have none of the
-    features of this module)."""
-    p = seq.params
-    return p if isinstance(p, SamplingParams) else None
-
-
 class SamplingBatch:
     """What the parameters of a list of sequences ask of the sampler, by row:
     which rows draw at random (the rest are greedy), which have a

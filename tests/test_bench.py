@@ -154,18 +154,18 @@ def test_every_system_gets_the_same_warmup_and_requests_in_alternating_rounds(
     assert timed[0][2] == [q.output_len for q in REQUESTS]
 
 
+def tiny_setup(budget_tokens: int, max_num_seqs: int, max_num_batched_tokens):
+    """A CPU `ServeSetup` of tiny-llama for the peers' tests."""
+    return bench.ServeSetup(
+        "tiny-llama", torch.device("cpu"), max_model_len=64, budget_tokens=budget_tokens,
+        block_size=16, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, threads=torch.get_num_threads(),
+    )  # fmt: skip
+
+
 def test_hf_continuous_thread_lives_only_inside_its_runs():
     # a live manager thread keeps an OpenMP team that slows every other system in the process
-    setup = bench.ServeSetup(
-        "tiny-llama",
-        torch.device("cpu"),
-        max_model_len=64,
-        budget_tokens=128,
-        block_size=16,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        threads=torch.get_num_threads(),
-    )
+    setup = tiny_setup(128, 8, 64)
     runner = peers._HFContinuousRunner(setup)
     try:
         assert not runner.manager.is_running()
@@ -189,16 +189,7 @@ def test_hf_continuous_thread_lives_only_inside_its_runs():
 def test_hf_continuous_default_budget_is_transformers_default_not_the_free_memory():
     # no step budget (bench nanovllm's peer): transformers 5.17 would size it to take
     # 80-90% of the machine's memory (20 GB on CI's 24 GiB, issue 47)
-    setup = bench.ServeSetup(
-        "tiny-llama",
-        torch.device("cpu"),
-        max_model_len=64,
-        budget_tokens=2048,
-        block_size=16,
-        max_num_seqs=512,
-        max_num_batched_tokens=None,
-        threads=torch.get_num_threads(),
-    )
+    setup = tiny_setup(2048, 512, None)
     runner = peers._HFContinuousRunner(setup)
     try:
         cache = runner.manager.batch_processor.cache
