@@ -22,6 +22,44 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
+# Modules that moved when the package took its present shape: importing the old
+# name fails with a message that names the new one.
+MOVED = {
+    "notebook": "course.notebook", "plotting": "course.plotting",
+    "widgets": "course.widgets", "exercises": "course.exercises",
+    "experiments": "course.experiments", "claims": "course.claims",
+    "attention_plots": "course.attention_plots", "audit_plots": "course.audit_plots",
+    "committed": "course.committed", "timelines": "course.timelines",
+    "workloads": "sim.workloads", "contiguous": "sim.contiguous",
+    "_sphinx": "course._sphinx", "_vllm_peer": "bench._vllm_peer",
+}  # fmt: skip
+
+
+class _MovedModules:
+    """A finder on ``sys.meta_path`` that answers an old module name with an
+    ImportError naming its new place."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        prefix, _, rest = fullname.partition(".")
+        if prefix == __name__ and rest in MOVED:
+            raise ModuleNotFoundError(
+                f"{fullname} moved: import pagedkv_lab.{MOVED[rest]} instead",
+                name=fullname,
+            )
+        return None
+
+
+def _install_finder() -> None:
+    import sys
+
+    if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+        sys.meta_path.insert(0, _MovedModules())
+
+
+_install_finder()
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib

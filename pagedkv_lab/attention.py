@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .device import gpu_spec
+from pagedkv_lab.device import gpu_spec
 
 if not torch.cuda.is_available():
     # without CUDA, Triton kernels can only run in its interpreter
@@ -54,6 +54,7 @@ def merge_partial_attention(outs: torch.Tensor, lses: torch.Tensor) -> torch.Ten
     dtype = torch.promote_types(outs.dtype, torch.float32)
     weights = torch.softmax(lses.to(dtype), dim=-1)  # e^{lse_p} / sum_q e^{lse_q}
     return (outs.to(dtype) * weights[..., None]).sum(dim=-2)
+
 
 def _check_paged_args(q, k_cache, v_cache, block_tables, context_lens) -> None:
     """Validate shapes, types and block numbers shared by every entry point."""
@@ -103,6 +104,7 @@ def _check_paged_args(q, k_cache, v_cache, block_tables, context_lens) -> None:
             f"block_tables name blocks outside the cache's {num_blocks} blocks"
         )
 
+
 def gather_kv(
     k_cache, v_cache, block_tables, num_blocks: int | None = None, workspace=None
 ):
@@ -135,6 +137,7 @@ def gather_kv(
         gathered = torch.index_select(cache, 0, index, out=buf)
         out.append(gathered.view(seqs, num_blocks * block_size, kv_heads, head_dim))
     return out[0], out[1]
+
 
 def _length_buckets(num_blocks: list[int]) -> list[list[int]]:
     """Group sequence indices so that none is padded to twice its blocks or more."""
@@ -171,6 +174,7 @@ def _decode_gathered(
         enable_gqa=heads != kv_heads,
     )
     return out[:, :, 0, :]
+
 
 def paged_decode_torch(
     q,
@@ -213,6 +217,7 @@ def paged_decode_torch(
         )
     return out
 
+
 def _check_prefill_args(
     q, k_cache, v_cache, block_tables, context_lens, query_start_loc
 ) -> None:
@@ -233,6 +238,7 @@ def _check_prefill_args(
             "each sequence needs 0 <= queries <= context length "
             f"(queries {q_lens.tolist()}, context {context_lens.tolist()})"
         )
+
 
 def paged_prefill_torch(
     q,
@@ -276,6 +282,7 @@ def paged_prefill_torch(
         ).transpose(0, 1)
     return out
 
+
 def reference_paged_attention(
     q,
     k_cache,
@@ -312,6 +319,7 @@ def reference_paged_attention(
                 p = torch.softmax(keys[:visible, g] @ qh * scale, 0)
                 out[j, h] = p @ values[:visible, g]
     return out
+
 
 if triton is not None:
 
@@ -373,6 +381,7 @@ if triton is not None:
             stride_o_seq, stride_o_head, stride_o_part, num_heads, num_parts, DIM_PAD,
         )  # fmt: skip
 
+
 if triton is not None:
 
     @triton.jit
@@ -400,6 +409,7 @@ if triton is not None:
         lse = tl.where(nonempty, m + tl.log(safe_norm), float("-inf"))
         lse_offs = (seq * num_heads + heads) * num_parts + part
         tl.store(lse_ptr + lse_offs, lse, mask=g_ok)
+
 
 def _check_triton_args(
     q, k_cache, v_cache, block_tables, context_lens, any_block: bool = False
@@ -435,6 +445,7 @@ def _check_triton_args(
             "q, the caches, block_tables and context_lens must share a device"
         )
 
+
 WHOLE_SEQUENCE = 1 << 30
 """`decode_partitions`'s answer when a sequence is not split: more blocks than any
 table holds."""
@@ -463,6 +474,7 @@ def decode_partitions(
     if num_seqs * num_kv_heads >= 4 * _multiprocessors(device.index or 0):
         return WHOLE_SEQUENCE
     return max(1, 512 // block_size)
+
 
 def paged_decode_triton(
     q,
@@ -522,6 +534,7 @@ def paged_decode_triton(
         return out[:, :, 0]
     return merge_partial_attention(out, lse).to(q.dtype)
 
+
 def prefill_as_decode(block_tables, context_lens, query_start_loc, num_queries: int):
     """Packed prefill queries as decode problems, one per query row.
 
@@ -570,6 +583,7 @@ def paged_prefill_triton(
     )
     return paged_decode_triton(q, k_cache, v_cache, tables, lens, scale, check=False)
 
+
 if triton is not None:
 
     @triton.jit
@@ -603,6 +617,7 @@ if triton is not None:
         q_start = tl.load(query_start_ptr + seq)
         q_len = tl.load(query_start_ptr + seq + 1) - q_start
         return seq, first_q, q_start, q_len
+
 
 if triton is not None:
 
@@ -662,6 +677,7 @@ if triton is not None:
         acc = _weighted_values(p, v, acc * alpha[:, None], DOT, UPCAST, DOT_ACC)
         return m_new, norm * alpha + tl.sum(p, axis=1), acc
 
+
 if triton is not None:
 
     @triton.jit
@@ -693,6 +709,7 @@ if triton is not None:
         slot = block.to(tl.int64) * stride_k_block
         slot += (key_pos % BLOCK_SIZE) * stride_k_slot
         return key_pos, slot
+
 
 if triton is not None:
 
@@ -742,6 +759,7 @@ if triton is not None:
             )  # fmt: skip
         return m, norm, acc
 
+
 if triton is not None:
 
     @triton.jit
@@ -784,6 +802,7 @@ if triton is not None:
             lse = tl.where(nonempty, lse, float("-inf"))
             lse_offs = tokens * stride_lse_tok + heads * stride_lse_head + segment
             tl.store(lse_ptr + lse_offs, lse, mask=row_ok)
+
 
 if triton is not None:
 
@@ -845,6 +864,7 @@ if triton is not None:
             stride_lse_head, HEAD_DIM, DIM_PAD, NUM_SEGMENTS,
         )  # fmt: skip
 
+
 if triton is not None:
 
     @triton.jit
@@ -898,6 +918,7 @@ def merge_segments(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype):
         DIM_PAD=triton.next_power_of_2(head_dim),
     )  # fmt: skip
     return dst
+
 
 #: (rows per program, keys per tile) by launch: a decode step has one query per
 #: sequence, so its programs take 16 rows (tl.dot's least); a prefill fills 64.
@@ -953,6 +974,7 @@ def tuned_launch(device_name: str, kind: str) -> dict:
     found = {k: v for k, v in found.items() if k in keep}
     return {k: tuple(v) if k == "tile_sizes" else v for k, v in found.items()}
 
+
 #: The tiled kernel's switches by launch. Decode keeps what the H100 run measured
 #: (`book/reports/h100/kernel_decode_after.txt`): products on the tensor cores,
 #: every tile masked, each key's block looked up on its own, one fused merge.
@@ -991,6 +1013,7 @@ def tiled_segments(num_programs: int, max_tiles: int, device: torch.device) -> i
     segments = triton.next_power_of_2(-(-want // num_programs))
     most = 1 << (max(1, max_tiles).bit_length() - 1)  # a power of two <= max_tiles
     return min(16, segments, most)
+
 
 def _block_q(rows: int, group: int, dot: bool) -> int:
     """Query positions per Q-block: ``rows`` asked for over the padded group;
@@ -1039,6 +1062,7 @@ def _tiled_plan(q, k_cache, block_tables, decode, tile_sizes, num_segments, aske
         grid = (kv_heads, num_blocks_q, num_segments)
     return grid, constants, launch, sw
 
+
 def tiled_program_map(query_start_loc, context_lens, num_tokens: int, block_q: int,
                       heavy_first: bool = False) -> torch.Tensor:  # fmt: skip
     """``[num_tokens // block_q + seqs, 2]`` int32: each program's sequence and
@@ -1059,6 +1083,7 @@ def tiled_program_map(query_start_loc, context_lens, num_tokens: int, block_q: i
         order = torch.argsort(reads, descending=True, stable=True)
         seq, first_q = seq[order], first_q[order]
     return torch.stack([seq, first_q], 1).to(torch.int32)
+
 
 def paged_attention_tiled(
     q, k_cache, v_cache, block_tables, context_lens, query_start_loc=None,
@@ -1120,6 +1145,7 @@ def paged_attention_tiled(
         return merge_segments(out, lse, q.dtype)
     return merge_partial_attention(out, lse).to(q.dtype)
 
+
 @dataclass(frozen=True)
 class Rung:
     """One rung of the climb: a kernel variant, the one thing it changes from the
@@ -1180,6 +1206,7 @@ class Rung:
     def _workspace(self) -> dict:
         return {}  # the PyTorch rung's gather buffers, kept between calls
 
+
 _EVERY_TILE = dict(mask_every_tile=True, block_runs=False)  # as the H100 run did
 _AS_FIRST = dict(dot=False, fused_merge=False, **_EVERY_TILE)
 DECODE_LADDER = [
@@ -1218,6 +1245,7 @@ DECODE_LADDER = [
          "faster only where attention itself takes tens of microseconds"),
 ]  # fmt: skip
 
+
 _BIG = dict(tile_sizes=(128, 64), num_warps=8, num_stages=2)  # rung 7's launch
 _MAP = dict(_BIG, fold_scale=True, dot_acc=True, program_map=True)  # rung 10
 _HEAVY = dict(_MAP, heads_fastest=True, heavy_first=True)  # rung 12
@@ -1255,6 +1283,7 @@ PREFILL_LADDER = [
 ]  # fmt: skip
 # rungs 8 and up, the levers: the next cell
 
+
 PREFILL_LADDER += [  # the levers
     Rung("scale in exp2's multiply-add", "scores stay unscaled; the softmax scale "
          "goes into exp2's argument, one multiply-add per score",
@@ -1285,6 +1314,7 @@ PREFILL_LADDER += [  # the levers
          "a committed sweep's winner for this GPU (`tuned_launch`), else the "
          "block-runs rung's", "the best rung or better, by construction"),
 ]  # fmt: skip
+
 
 @dataclass(frozen=True)
 class CardModel:
@@ -1336,6 +1366,7 @@ def rung_settings(rung: Rung, kind: str) -> dict:
     o.pop("num_segments", None)
     return {**o, "rows": rows, "keys": keys, "split": rung.split,
             "num_warps": o.get("num_warps") or 4, "num_stages": o.get("num_stages")}
+
 
 def _occupancy(card, warps, regs, smem, programs_per_sm):
     """Programs a multiprocessor holds at once: registers, shared memory, warps."""
@@ -1418,6 +1449,7 @@ def _launch_order(tiles_each: list[int], kv_heads: int, s: dict) -> list[int]:
         return [t for t in order for _ in range(kv_heads)]
     return [t for _ in range(kv_heads) for t in order]
 
+
 def predict_rung(rung: Rung, kind: str, shape: tuple[int, int], heads=(32, 8, 128),
                  card: CardModel = H100_SXM, resources: dict | None = None,
                  itemsize: int = 2) -> dict:  # fmt: skip
@@ -1476,6 +1508,7 @@ def predict_rung(rung: Rung, kind: str, shape: tuple[int, int], heads=(32, 8, 12
     bound = "L2" if l2 >= tile_s * 0.999 else "compute"
     return {"ms": 1e3 * total, "bound": bound, **found}
 
+
 # the kernel's source ships inside the package (package data)
 CSRC = Path(
     str(importlib.resources.files("pagedkv_lab") / "csrc" / "paged_attention.cpp")
@@ -1502,6 +1535,7 @@ def _build_key(compiler: str) -> str:
     parts = [CSRC.read_bytes(), compiler.encode(), " ".join(CXX_FLAGS).encode()]
     parts += [platform.machine().encode(), cpu.encode()]
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
 
 def build_cpu_kernel(verbose: bool = False) -> Path:
     """Compile the C++ kernel into the cache unless it is there; return its path.
@@ -1551,6 +1585,7 @@ def load_cpu_kernel():
     fn.restype = ctypes.c_int
     return fn
 
+
 _CPU_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -1566,6 +1601,7 @@ def cpu_decode_partitions(num_seqs: int, max_tokens: int, threads: int) -> int:
     if num_seqs >= 2 * threads:
         return 1
     return max(1, min(-(-2 * threads // max(num_seqs, 1)), max_tokens // 256))
+
 
 def paged_attention_cpu(
     q,
@@ -1627,6 +1663,7 @@ def paged_attention_cpu(
         return None
     return out if out_dtype == torch.float32 else out.to(out_dtype)
 
+
 def paged_decode(
     q,
     k_cache,
@@ -1654,6 +1691,7 @@ def paged_decode(
     return paged_decode_torch(
         q, k_cache, v_cache, block_tables, context_lens, scale, workspace, False
     )
+
 
 def paged_prefill(
     q,

@@ -5,8 +5,8 @@ every sequence's block table; sequences share blocks and copy them on write."""
 
 from __future__ import annotations
 
-from .engine import Sequence
-from .paging import BlockAllocator, BlockTable, OutOfBlocksError
+from pagedkv_lab.engine import Sequence
+from pagedkv_lab.paging import BlockAllocator, BlockTable, OutOfBlocksError
 
 
 class BlockOwner:
@@ -48,6 +48,7 @@ class BlockOwner:
         for block in self._free_order(seq.block_table.blocks):
             self._drop_block(block)
         seq.block_table = None
+
 
 class SlotAppender(BlockOwner):
     """Grows block tables for the tokens a step computes: `can_append_slots`
@@ -93,6 +94,7 @@ class SlotAppender(BlockOwner):
         last = seq.num_computed_tokens + num_new_tokens
         seq.block_table.num_tokens = max(seq.block_table.num_tokens, last)
 
+
 class DecodeSlots(SlotAppender):
     """`append_decode_slots`: `append_slots` for a whole decode step at once."""
 
@@ -128,6 +130,7 @@ class DecodeSlots(SlotAppender):
         for seq in rest:
             self.append_slots(seq, 1)
         return True
+
 
 class BlockSpaceManager(DecodeSlots):
     """Owns the pool of KV blocks and every sequence's table; no sharing yet.
@@ -177,6 +180,7 @@ class BlockSpaceManager(DecodeSlots):
         seq.block_table.blocks = [self._take_block() for _ in range(reserved)]
         self.append_slots(seq, num_new_tokens)
 
+
 class ForkingBlockManager(BlockSpaceManager):
     """A `BlockSpaceManager` whose sequences can share blocks through `fork`.
 
@@ -196,6 +200,7 @@ class ForkingBlockManager(BlockSpaceManager):
         for block in table.blocks:
             self.allocator.incref(block)
         child.block_table = table
+
 
 class CopyOnWriteManager(ForkingBlockManager):
     """A `ForkingBlockManager` whose sequences copy a shared block before they
@@ -237,6 +242,7 @@ class CopyOnWriteManager(ForkingBlockManager):
         self._copies.clear()
         self.num_copies += len(copies)
         return copies
+
 
 class BlockManager(CopyOnWriteManager):
     """Blocks shared through `fork` and copied on write, lazily: a sequence

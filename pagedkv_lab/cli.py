@@ -24,11 +24,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command == "serve":
-        from .serve.__main__ import main as serve
+        from pagedkv_lab.serve.__main__ import main as serve
 
         serve(rest)
     elif command == "bench":
-        from .bench.cli import main as bench
+        from pagedkv_lab.bench.cli import main as bench
 
         bench(rest)
     else:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .device import gpu_spec
-from .engine import PagedKVCache, _check_int
-from .sampling_params import refuse_unsupported
+from pagedkv_lab.device import gpu_spec
+from pagedkv_lab.engine import PagedKVCache, _check_int
+from pagedkv_lab.sampling_params import refuse_unsupported
 
 #: vLLM's engine settings this library does not have, and why (or what to use).
 UNSUPPORTED_ARGS: dict[str, str] = {
@@ -193,8 +193,8 @@ class EngineArgs:
         tokenizer."""
         from transformers import PreTrainedModel
 
-        from .device import pick_device
-        from .models import load_model
+        from pagedkv_lab.device import pick_device
+        from pagedkv_lab.models import load_model
 
         if tokenizer is not None and (
             isinstance(tokenizer, str) or not callable(getattr(tokenizer, "decode", None))
@@ -296,8 +296,8 @@ class EngineArgs:
     def build_runner(self, model, num_blocks: int, max_model_len: int):
         """Chapter 05's runner: fused where the layout allows it (replaying CUDA
         graphs on a GPU unless ``enforce_eager``), the model's own layers else."""
-        from .fused import FusedModelRunner, runner_class
-        from .graphs import GraphedModelRunner
+        from pagedkv_lab.fused import FusedModelRunner, runner_class
+        from pagedkv_lab.graphs import GraphedModelRunner
 
         runner = runner_class(model, self.fused_forward)
         cuda = next(model.parameters()).device.type == "cuda"
@@ -337,7 +337,7 @@ class EngineArgs:
     def build_block_manager(self, num_blocks: int):
         """The given block manager (checked against the pool), chapter 08's with
         prefix caching, or chapter 07's."""
-        from .block_manager import BlockManager
+        from pagedkv_lab.block_manager import BlockManager
 
         bm = self.block_manager
         if bm is not None:
@@ -348,7 +348,7 @@ class EngineArgs:
                 )
             return bm
         if self.enable_prefix_caching:
-            from .prefix_cache import PrefixCachingBlockManager
+            from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
 
             return PrefixCachingBlockManager(num_blocks, self.block_size)
         return BlockManager(num_blocks, self.block_size)
@@ -357,7 +357,7 @@ class EngineArgs:
         """``(scheduler, swap_space)``: chapter 06's scheduler, or chapter 09's
         with a victim policy and, for ``preemption_mode="swap"``, a CPU pool of
         ``swap_space`` bytes (else None)."""
-        from .scheduler import Scheduler
+        from pagedkv_lab.scheduler import Scheduler
 
         settings = dict(
             max_model_len=max_model_len,
@@ -370,7 +370,7 @@ class EngineArgs:
         mode, space = self.preemption_mode, self.swap_space
         if mode == "recompute" and self.victim == "newest" and not space:
             return Scheduler(block_manager, **settings), None
-        from .preemption import PreemptionScheduler, SwapSpace
+        from pagedkv_lab.preemption import PreemptionScheduler, SwapSpace
 
         swap = None
         if mode == "swap":

@@ -28,6 +28,7 @@ def pick_device(prefer: str | None = None) -> torch.device:
         return device
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
+
 def triton_mode() -> str:
     """How Triton kernels run here: "gpu" (compiled), "interpreter" or "unavailable"."""
     if importlib.util.find_spec("triton") is None:
@@ -42,6 +43,7 @@ def by_device(cpu: T, gpu: T, device: torch.device | None = None) -> T:
     a GPU."""
     device = device if device is not None else pick_device()
     return gpu if device.type == "cuda" else cpu
+
 
 def device_report(device: torch.device | None = None) -> dict[str, str]:
     """Versions and hardware, as strings, for the top of a benchmark or bug report."""
@@ -69,6 +71,7 @@ def device_report(device: torch.device | None = None) -> dict[str, str]:
         if card is not None:  # the rules of a smaller card (PAGEDKV_EMULATE)
             report["emulating"] = f"{card.name}, {card.total_memory / 2**30:.1f} GiB"
     return report
+
 
 @dataclass(frozen=True)
 class GPUSpec:
@@ -103,6 +106,7 @@ def gpu_spec(device: torch.device | GPUSpec | None = None) -> GPUSpec | None:
     device = device if device is not None else pick_device()
     return GPUSpec.of(device) if device.type == "cuda" else None
 
+
 def supports_bf16(device: torch.device | GPUSpec | None = None) -> bool:
     """True on CUDA devices of compute capability 8.0 and later, whose tensor
     cores multiply bfloat16 (never by asking `torch.cuda.is_bf16_supported`,
@@ -125,6 +129,7 @@ def memory_budget(device: torch.device | GPUSpec | None, fraction: float) -> int
     spec = gpu_spec(device)
     return None if spec is None else int(spec.total_memory * fraction)
 
+
 #: Cards the tests and the chapters describe without having them: the memory
 #: `nvidia-smi` reports for each (MiB; ECC takes a share on the GDDR6 T4 and L4).
 KNOWN_GPUS = {
@@ -133,6 +138,7 @@ KNOWN_GPUS = {
     "A100-40GB": GPUSpec("NVIDIA A100-SXM4-40GB", (8, 0), 40_960 * 2**20, 108),
     "H100-80GB": GPUSpec("NVIDIA H100 80GB HBM3", (9, 0), 81_559 * 2**20, 132),
 }
+
 
 #: The variable that names the card to emulate (a key of `KNOWN_GPUS`, any case).
 EMULATE_ENV = "PAGEDKV_EMULATE"

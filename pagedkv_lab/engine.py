@@ -18,9 +18,9 @@ import torch
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface
 
-from .attention import paged_decode, paged_prefill
-from .kvmath import KVSpec, head_dim_of
-from .paging import BlockTable
+from pagedkv_lab.attention import paged_decode, paged_prefill
+from pagedkv_lab.kvmath import KVSpec, head_dim_of
+from pagedkv_lab.paging import BlockTable
 
 ATTENTION_NAME = "pagedkv"
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -47,6 +47,7 @@ def _check_float(name: str, value, low: float, high: float, low_open: bool) -> N
     if value < low or (low_open and value == low) or value > high:
         bracket = "(" if low_open else "["
         raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value}")
+
 
 @dataclass
 class SamplingParams:
@@ -93,6 +94,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPSILON
 
+
 def make_generator(seed: int | None, index: int = 0) -> torch.Generator | None:
     """The random stream of sample ``index`` of a seeded request (None: global).
 
@@ -108,6 +110,7 @@ def sample_seed(seed: int, index: int = 0) -> int:
     """The seed of sample ``index`` of a request seeded ``seed``: distinct and
     reproducible per sample; sample 0 keeps the plain seed."""
     return (seed + index * 0x9E3779B97F4A7C15) % 2**63
+
 
 class SequenceState:
     """One sequence of a request: its tokens, its block table, and how many of
@@ -152,6 +155,7 @@ class SequenceState:
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
 
 class Sequence(SequenceState):
     """One sequence of a request (`SequenceState`), with the two ways it
@@ -205,6 +209,7 @@ class Sequence(SequenceState):
         elif self.generator is not None:
             child.generator = torch.Generator().set_state(self.generator.get_state())
         return child
+
 
 class PagedKVCache:
     """Every layer's K and V blocks in one tensor.
@@ -260,6 +265,7 @@ class PagedKVCache:
         src, dst = upload(list(zip(*copies)), torch.long, self.data.device)
         self.data.index_copy_(2, dst, self.data.index_select(2, src))
 
+
 @dataclass
 class StepInputs:
     """Everything one forward pass needs, for a batch packed into one row of tokens.
@@ -290,6 +296,7 @@ class StepInputs:
     kv_cache: PagedKVCache | None = None
     workspace: dict = field(default_factory=dict)
 
+
 def write_kv(
     step: StepInputs, layer_idx: int, k: torch.Tensor, v: torch.Tensor
 ) -> None:
@@ -299,6 +306,7 @@ def write_kv(
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, k)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, step.slot_mapping, v)
+
 
 def attend(
     step: StepInputs, layer_idx: int, q: torch.Tensor, scale: float | None
@@ -352,6 +360,7 @@ def write_and_attend(
     write_kv(step, layer_idx, k, v)
     return attend(step, layer_idx, q, scale)
 
+
 def paged_attention_forward(
     module,
     query,
@@ -383,6 +392,7 @@ AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
 # We mask inside attention, from the sequence lengths: no mask tensor is needed.
 AttentionMaskInterface.register(ATTENTION_NAME, lambda *args, **kwargs: None)
 
+
 @contextlib.contextmanager
 def paged_attention(model: PreTrainedModel):
     """Run ``model`` with the paged attention inside the block, and restore it after.
@@ -398,6 +408,7 @@ def paged_attention(model: PreTrainedModel):
         yield
     finally:
         config._attn_implementation = previous
+
 
 def check_model(model: PreTrainedModel, max_model_len: int | None) -> int:
     """Check that the engine can serve ``model``; return the maximum length.
@@ -428,6 +439,7 @@ def check_model(model: PreTrainedModel, max_model_len: int | None) -> int:
         )
     return max_model_len
 
+
 def upload(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """``values`` (a list or a NumPy array) as a tensor on ``device``. To a GPU
     the copy starts from pinned memory and does not wait: a copy from ordinary
@@ -440,6 +452,7 @@ def upload(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tens
     if torch.device(device).type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
 
 def check_room(seqs, first: np.ndarray, counts: np.ndarray, slots: np.ndarray) -> None:
     """Raise ValueError unless every sequence has ``counts[i] >= 1`` tokens to
@@ -489,6 +502,7 @@ def pack_arrays(seqs, num_new_tokens, block_size, tables=None, pending=None) -> 
         "prefill_query_start_loc": np.concatenate(([0], np.cumsum(counts[prefill]))),
     }
 
+
 class TableRows:
     """The rows of `BlockTableRows`: one per sequence it serves, in a NumPy
     array as wide as the longest table; a row freed when its sequence leaves
@@ -516,6 +530,7 @@ class TableRows:
         row = self.row_of[seq.seq_id] = self.free_rows.pop()
         self.lists[row] = None
         return row
+
 
 class BlockTableRows(TableRows):
     """Block tables as rows of one NumPy array, kept from step to step so that
@@ -562,6 +577,7 @@ class BlockTableRows(TableRows):
         self.array[row, new:old] = -1
         self.lists[row], self.lengths[row] = blocks, new
 
+
 @dataclass
 class PendingTokens:
     """Tokens a step sampled on the device that the host has not read yet, and
@@ -597,6 +613,7 @@ def new_token_ids(seqs, first: list[int], counts: list[int], pending) -> list[in
             ids.append(pending.placeholder(seq))
     return ids
 
+
 def upload_step(arrays: dict, device, pending=None) -> StepInputs:
     """`pack_arrays`' fields as the tensors of a `StepInputs` on ``device``, all
     in one copy (on a CPU, none: the tensors share the arrays' memory); the
@@ -623,6 +640,7 @@ def pack_step(seqs, num_new_tokens, block_size, device="cpu", tables=None,
     """
     arrays = pack_arrays(seqs, num_new_tokens, block_size, tables, pending)
     return upload_step(arrays, device, pending)
+
 
 class StepRunner:
     """Owns the KV cache and turns each step's sequences into one forward pass
@@ -684,6 +702,7 @@ class StepRunner:
         step = self.prepare(seqs, num_new_tokens, ref_counts, pending)
         return self.forward(step).float()
 
+
 class ModelRunner(StepRunner):
     """Runs the model on packed steps with paged attention: its own forward
     pass, with our attention plugged in."""
@@ -706,6 +725,7 @@ class ModelRunner(StepRunner):
                 paged_step=step,
             )
         return out.logits[0]
+
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     """Next token per sequence.
@@ -739,6 +759,7 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int]) -> list[float]:
     index = torch.tensor(tokens, device=logits.device)[:, None]
     return logits.log_softmax(-1).gather(1, index)[:, 0].tolist()
 
+
 # The constants of SplitMix64's output function as Vigna's splitmix64.c has
 # them, and its golden-ratio increment, which spreads neighbouring counters.
 _MIX_A, _MIX_B = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
@@ -765,6 +786,7 @@ def counter_uniforms(seeds, positions) -> np.ndarray:
     # the top 52 bits, centred in their interval: exact in float64, never 0 or 1
     return ((key >> np.uint64(12)).astype(np.float64) + 0.5) * 2.0**-52
 
+
 def draw_tokens(
     probs: torch.Tensor, uniforms: torch.Tensor, fallback: torch.Tensor
 ) -> torch.Tensor:
@@ -779,6 +801,7 @@ def draw_tokens(
     tokens = torch.searchsorted(cdf, target)[:, 0].clamp_(max=probs.shape[-1] - 1)
     drawable = probs.gather(1, tokens[:, None])[:, 0] > 0
     return torch.where(drawable, tokens, fallback)
+
 
 def cut_top_k_top_p(
     x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
@@ -795,6 +818,7 @@ def cut_top_k_top_p(
     drop = probs.cumsum(-1) - probs >= top_p[:, None]
     sorted_x = sorted_x.masked_fill(drop, float("-inf"))
     return torch.empty_like(x).scatter_(1, order, sorted_x)
+
 
 class SamplingColumns:
     """A batch's sampling parameters, one entry per row: ``temperature``,
@@ -834,6 +858,7 @@ class SamplingColumns:
         """The cuts of every row of ``x`` (logits over temperature)."""
         return cut_top_k_top_p(x, self.top_k, self.top_p) if self.any_cut else x
 
+
 def sample_batched(
     logits: torch.Tensor, seqs: list[Sequence], columns: SamplingColumns | None = None
 ) -> torch.Tensor:
@@ -851,6 +876,7 @@ def sample_batched(
     u = upload(columns.uniforms(seqs), torch.float64, logits.device)
     drawn = draw_tokens(x.softmax(-1), u, greedy)
     return torch.where(columns.is_random, drawn, greedy)
+
 
 def run_to_completion(
     runner: ModelRunner, seqs: list[Sequence], eos_token_id: int | None

@@ -29,8 +29,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import PreTrainedModel
 
-from .attention import SERIAL_WORK, build_cpu_kernel, load_cpu_kernel
-from .engine import (
+from pagedkv_lab.attention import SERIAL_WORK, build_cpu_kernel, load_cpu_kernel
+from pagedkv_lab.engine import (
     ModelRunner,
     PagedKVCache,
     SamplingParams,
@@ -39,13 +39,14 @@ from .engine import (
     attend,
     write_kv,
 )
-from .paging import BlockAllocator, BlockTable
+from pagedkv_lab.paging import BlockAllocator, BlockTable
 
 try:  # pagedkv_lab.attention has chosen Triton's mode (the interpreter without CUDA)
     import triton
     import triton.language as tl
 except ImportError:  # Triton ships for Linux only; the other paths work everywhere
     triton = None
+
 
 #: The operations that are matrix products: aten's (``linear`` as it is
 #: dispatched in inference mode, or the ``mm``/``addmm`` it becomes otherwise;
@@ -103,6 +104,7 @@ def decode_step_ops(
             runner.run(seqs, [1] * batch)
     return counts + (cpp_calls or collections.Counter())
 
+
 def concatenated(layers: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The layers' weights stacked into one ``[sum of outputs, inputs]`` matrix
     and their biases into one vector (zeros for a layer without; None if no
@@ -156,6 +158,7 @@ class FusedLinear:
             )
         return F.linear(x, self.weight, self.bias)
 
+
 def can_pack(model: PreTrainedModel) -> bool:
     """Whether `FusedLinear` can prepack this model's weights (a CPU with
     oneDNN, float32 or bfloat16) and gives `F.linear`'s results."""
@@ -179,6 +182,7 @@ def can_pack(model: PreTrainedModel) -> bool:
         return False
     tol = 1e-5 if model.dtype == torch.float32 else 2e-2
     return torch.allclose(got, want, rtol=tol, atol=tol)
+
 
 def fused_unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why `FusedModelRunner` cannot run ``model``, or None when it can.
@@ -235,6 +239,7 @@ def rotary_gemms(model: PreTrainedModel) -> int:
         model.model.rotary_emb(x, positions)
     return sum(counts[op] for op in GEMM_OPS)
 
+
 #: Qwen3's per-head RMSNorms: weights ``[2, head_dim]`` (q's, then k's) and epsilon.
 QKNorm = tuple[torch.Tensor, float]
 
@@ -288,6 +293,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
+
 def normed_heads(qk: torch.Tensor, heads: int, qk_norm: QKNorm) -> torch.Tensor:
     """RMSNorm of each head of ``qk`` (``[tokens, heads + kv_heads, head_dim]``):
     the first ``heads`` with q's weight, the others with k's (Qwen3)."""
@@ -295,6 +301,7 @@ def normed_heads(qk: torch.Tensor, heads: int, qk_norm: QKNorm) -> torch.Tensor:
     q = F.rms_norm(qk[:, :heads], weights.shape[1:], weights[0], eps)
     k = F.rms_norm(qk[:, heads:], weights.shape[1:], weights[1], eps)
     return torch.cat([q, k], dim=1)
+
 
 class LayerOps:
     """The small steps between a layer's matrix products, in PyTorch.
@@ -345,6 +352,7 @@ class LayerOps:
         write_kv(step, layer_idx, qk[:, heads:], qkv[:, heads + kv_heads :])
         return qk[:, :heads]
 
+
 @functools.cache
 def load_layer_ops() -> ctypes.CDLL | None:
     """The C++ library with the layer ops (the attention kernel's, built on
@@ -390,6 +398,7 @@ class CountingLib:
 
         return call
 
+
 class CpuNormOps(LayerOps):
     """`LayerOps`' residual add with RMSNorm and its SiLU-gated product in C++
     (the layer-ops section of ``csrc/paged_attention.cpp``), each one pass over
@@ -433,6 +442,7 @@ class CpuNormOps(LayerOps):
         self.lib.pagedkv_silu_mul(args.buffer_info()[0])
         return out
 
+
 class CpuLayerOps(CpuNormOps):
     """`CpuNormOps` with RoPE and the cache write in C++ too: all three steps
     between the projections, for float32 on a CPU; `layer_ops` checks the
@@ -463,6 +473,7 @@ class CpuLayerOps(CpuNormOps):
         )  # fmt: skip
         self.lib.pagedkv_rope_store(args.buffer_info()[0])
         return qkv[:, :heads]
+
 
 def triton_takes(*tensors: torch.Tensor) -> bool:
     """Whether the kernels below can take these: contiguous fp32/fp16/bf16 on
@@ -519,6 +530,7 @@ if triton is not None:
         tl.store(out_ptr + row * inter + cols, (silu * u.to(tl.float32)).to(dtype),
                  mask=ok)  # fmt: skip
 
+
 if triton is not None:
 
     @triton.jit
@@ -566,6 +578,7 @@ if triton is not None:
             v = row + (heads + kv_heads + kv) * HEAD_DIM + d
             tl.store(v_ptr + dst, tl.load(v, mask=ok), mask=ok)
             tl.store(v_ptr + dst + half, tl.load(v + half, mask=ok), mask=ok)
+
 
 class TritonLayerOps(LayerOps):
     """`LayerOps` as three Triton kernels, one launch each: the residual add
@@ -619,6 +632,7 @@ class TritonLayerOps(LayerOps):
         )  # fmt: skip
         return qkv[:, :heads]
 
+
 def layer_ops(model: PreTrainedModel, kv_cache: PagedKVCache) -> LayerOps:
     """The fastest `LayerOps` that applies: `TritonLayerOps` on a CUDA device,
     `CpuLayerOps` for a float32 model and cache on a CPU (heads of at most
@@ -639,6 +653,7 @@ def layer_ops(model: PreTrainedModel, kv_cache: PagedKVCache) -> LayerOps:
     ):
         return LayerOps()
     return CpuLayerOps(lib)
+
 
 class CpuFusedLinear(FusedLinear):
     """`FusedLinear` on the C++ projection (``pagedkv_linear``, in the layer-ops
@@ -675,6 +690,7 @@ class CpuFusedLinear(FusedLinear):
         self.lib.pagedkv_linear(args.buffer_info()[0])
         return y
 
+
 def projections(
     model: PreTrainedModel,
     kv_cache: PagedKVCache,
@@ -700,6 +716,7 @@ def projections(
         return linear, linear([model.lm_head])
     pack = can_pack(model) if pack is None else pack
     return functools.partial(FusedLinear, pack=pack), model.lm_head
+
 
 class FusedModelRunner(ModelRunner):
     """`ModelRunner` with the decoder run by the runner itself (see the module doc).
@@ -753,6 +770,7 @@ class FusedModelRunner(ModelRunner):
             mlp = layer.down_proj(ops.act_mul(layer.gate_up(h), layer.act))
             h = ops.add_rms_norm(x, mlp, self.next_norms[i])
         return self.lm_head(h[step.logits_index])
+
 
 def runner_class(
     model: PreTrainedModel, fused_forward: bool | None = None

@@ -19,8 +19,8 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from .engine import PagedKVCache, StepInputs
-from .fused import FusedModelRunner
+from pagedkv_lab.engine import PagedKVCache, StepInputs
+from pagedkv_lab.fused import FusedModelRunner
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -30,6 +30,7 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     sizes = [s for s in (1, 2, 4, 8) if s < max_num_seqs]
     sizes += range(16, max_num_seqs, 16)
     return sorted({*sizes, max_num_seqs})
+
 
 class DecodeBuffers:
     """A decode step's inputs at fixed addresses on the GPU, and their copy on
@@ -62,6 +63,7 @@ class DecodeBuffers:
         self.host[2, start:end] = self.scratch_block * self.block_size
         self.host[3, start:end] = 1
         self.host_tables[start:end, 0] = self.scratch_block
+
 
 class DecodeInputs(DecodeBuffers):
     """`DecodeBuffers` filled with a batch and read by a graph: `fill` writes a
@@ -102,6 +104,7 @@ class DecodeInputs(DecodeBuffers):
             prefill_rows=self.none, prefill_query_start_loc=rows[:1],
             kv_cache=kv_cache, workspace=workspace,
         )  # fmt: skip
+
 
 class GraphCapture(FusedModelRunner):
     """`FusedModelRunner` that records its decode forward pass as CUDA graphs,
@@ -155,6 +158,7 @@ class GraphCapture(FusedModelRunner):
         for batch in self.batch_sizes:
             if batch not in self.graphs:
                 self.capture(batch)
+
 
 class GraphedModelRunner(GraphCapture):
     """`FusedModelRunner` whose decode steps replay CUDA graphs (a CUDA device).

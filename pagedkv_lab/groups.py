@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .engine import SamplingParams, Sequence, _check_int
-from .scheduler import SequenceGroup
+from pagedkv_lab.engine import SamplingParams, Sequence, _check_int
+from pagedkv_lab.scheduler import SequenceGroup
 
 # transformers' three meanings of `early_stopping` (see `BeamSearchParams`).
 EARLY_STOPPING = (True, False, "never")
+
 
 class ForkingGroup(SequenceGroup):
     """A group whose sequences fork from its prompt and advance in lockstep:
@@ -64,6 +65,7 @@ class ForkingGroup(SequenceGroup):
                 budget -= work[-1][1]
         return work
 
+
 class ParallelSamplingGroup(ForkingGroup):
     """``n`` samples of one prompt: prefilled once, forked at the first token.
 
@@ -91,6 +93,7 @@ class ParallelSamplingGroup(ForkingGroup):
                 self.seqs.append(child)
             return list(self.seqs), [0] * self.width
         return super().sampling_rows(seqs, block_manager)
+
 
 @dataclass
 class BeamSearchParams:
@@ -129,6 +132,7 @@ class BeamSearchParams:
     def stop_token_ids(self) -> tuple[int, ...]:
         return ()
 
+
 @dataclass
 class BeamSearchSequence:
     """One finished hypothesis: generated tokens, their text and scores."""
@@ -147,6 +151,7 @@ class BeamSearchOutput:
     request_id: int
     prompt_token_ids: list[int]
     sequences: list[BeamSearchSequence]
+
 
 class BeamHypotheses(ForkingGroup):
     """The finished side of beam search: hypotheses kept best first, at most

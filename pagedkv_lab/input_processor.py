@@ -18,13 +18,13 @@ import time
 
 import torch
 
-from .engine import SamplingParams as BaseSamplingParams
-from .engine import Sequence
-from .output_processor import RequestState
-from .outputs import RequestMetrics
-from .sampling_params import RequestOutputKind, SamplingParams
-from .scheduler import SequenceGroup
-from .tokenizing import is_token_id
+from pagedkv_lab.engine import SamplingParams as BaseSamplingParams
+from pagedkv_lab.engine import Sequence
+from pagedkv_lab.output_processor import RequestState
+from pagedkv_lab.outputs import RequestMetrics
+from pagedkv_lab.sampling_params import RequestOutputKind, SamplingParams
+from pagedkv_lab.scheduler import SequenceGroup
+from pagedkv_lab.tokenizing import is_token_id
 
 _NOT_GIVEN = object()
 
@@ -223,7 +223,7 @@ class InputProcessor:
         seq, rid = Sequence(token_ids, params), next(self._request_ids)
         if params.n == 1:
             return SequenceGroup(rid, seq, self._now())
-        from .groups import ParallelSamplingGroup
+        from pagedkv_lab.groups import ParallelSamplingGroup
 
         return ParallelSamplingGroup(rid, seq, self._now())
 

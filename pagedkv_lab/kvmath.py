@@ -11,7 +11,7 @@ from importlib import resources
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from .device import KNOWN_GPUS
+from pagedkv_lab.device import KNOWN_GPUS
 
 #: Storage bytes per element of the dtypes a KV cache uses.
 DTYPE_BYTES = {
@@ -28,6 +28,7 @@ def head_dim_of(config: PretrainedConfig) -> int:
         getattr(config, "head_dim", None)
         or config.hidden_size // config.num_attention_heads
     )
+
 
 @dataclass(frozen=True)
 class KVSpec:
@@ -65,6 +66,7 @@ class KVSpec:
         """Whole tokens whose K/V fit in ``num_bytes`` (0 if the budget is negative)."""
         return max(0, int(num_bytes // self.bytes_per_token))
 
+
 def format_bytes(n: float) -> str:
     """Binary units: 1 KiB = 1024 bytes, 1 MiB = 1024 KiB, ..."""
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -72,6 +74,7 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
 
 def cache_nbytes(cache) -> int:
     """Bytes of the key and value tensors a transformers ``Cache`` holds right now."""
@@ -81,6 +84,7 @@ def cache_nbytes(cache) -> int:
         for t in (layer.keys, layer.values)
         if t is not None
     )
+
 
 def count_parameters_from_config(config: PretrainedConfig) -> int:
     """Parameters of a Llama / Mistral / Qwen-style decoder, from its config alone.
@@ -121,6 +125,7 @@ def real_model_configs() -> dict[str, PretrainedConfig]:
         config.source = source
         configs[name] = config
     return configs
+
 
 def gpu_memory_bytes() -> dict[str, int]:
     """Memory of common GPUs, in bytes, as `nvidia-smi` reports it

@@ -19,26 +19,26 @@ from typing import NamedTuple
 
 import torch
 
-from .config import EngineArgs, parse_dtype
-from .device import default_dtype
-from .engine import PendingTokens, Sequence, upload
-from .input_processor import InputProcessor, as_prompt_list
-from .output_processor import (
+from pagedkv_lab.config import EngineArgs, parse_dtype
+from pagedkv_lab.device import default_dtype
+from pagedkv_lab.engine import PendingTokens, Sequence, upload
+from pagedkv_lab.input_processor import InputProcessor, as_prompt_list
+from pagedkv_lab.output_processor import (
     OutputProcessor,
     RequestState,
     beam_search_output,
 )
-from .outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from .sampling import SampledTokens, SamplingBatch, sample_tokens
-from .sampling_params import RequestOutputKind, SamplingParams
-from .scheduler import (
+from pagedkv_lab.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from pagedkv_lab.sampling import SampledTokens, SamplingBatch, sample_tokens
+from pagedkv_lab.sampling_params import RequestOutputKind, SamplingParams
+from pagedkv_lab.scheduler import (
     SchedulerOutput,
     SequenceGroup,
     accept_tokens,
     samples_as_rows,
 )
-from .stats import EngineStats
-from .tokenizing import IncrementalDetokenizer, chat_prompts, eos_token_ids
+from pagedkv_lab.stats import EngineStats
+from pagedkv_lab.tokenizing import IncrementalDetokenizer, chat_prompts, eos_token_ids
 
 __all__ = [
     "LLM", "LLMEngine", "EngineCore",
@@ -48,6 +48,7 @@ __all__ = [
     "RequestState", "SamplingParams", "as_prompt_list", "default_dtype",
     "eos_token_ids", "parse_dtype",
 ]  # fmt: skip
+
 
 class EngineForward:
     """A step's forward pass, in which a request that breaks it fails alone.
@@ -104,6 +105,7 @@ class EngineForward:
         logits = torch.stack([rows.get(i, zeros) for i in range(len(plan.seqs))])
         return logits, failed, prompt_rows
 
+
 class SampledRows(NamedTuple):
     """Sequences sampled in one batch: their groups, their `SampledTokens` (on
     the device until read) and their `SamplingBatch`."""
@@ -148,6 +150,7 @@ class BatchSampling:
             self._batch = SamplingBatch(seqs)
         return self._batch
 
+
 class EngineSampling(BatchSampling):
     """A token for every sequence whose tokens are all computed, every group of
     the step in one batch, sampled on the device and read later
@@ -191,6 +194,7 @@ class EngineSampling(BatchSampling):
             logits = logits.index_select(0, upload(rows, torch.long, logits.device))
         return self._sample_batch(logits, seqs, groups, outputs), processed
 
+
 class OwnWaySampling:
     """Groups that sample their own way (chapter 07). A piece of `EngineCore`."""
 
@@ -213,6 +217,7 @@ class OwnWaySampling:
         groups += [group] * len(group_seqs)
         return False
 
+
 @dataclass
 class LaunchedStep:
     """A step whose forward pass and sampling are queued on the device: what
@@ -234,6 +239,7 @@ class LaunchedStep:
     def live(self) -> bool:
         """Whether any of its sequences is still unfinished."""
         return any(s.finish_reason is None for s in self.plan.seqs)
+
 
 class StepLaunch:
     """Launching a planned step: block copies, the forward pass, every
@@ -289,6 +295,7 @@ class StepLaunch:
         self.stats.tokens_computed += computed
         return sampling
 
+
 class StepFinish:
     """Finishing a launched step: its tokens read (the one transfer) and
     appended, stops and frees, the outputs. A piece of `EngineCore`."""
@@ -328,6 +335,7 @@ class StepFinish:
                                 self.eos_token_ids, self.max_model_len)  # fmt: skip
         return [groups[i] for i in stopped]
 
+
 class StepPlanning:
     """Planning the next step and launching it. A piece of `EngineCore`."""
 
@@ -353,6 +361,7 @@ class StepPlanning:
 
     def _update_stats(self) -> None:
         self.stats.record_step(self.scheduler, self.block_manager)
+
 
 class EngineCore(InputProcessor, OutputProcessor, EngineForward, EngineSampling,
                  OwnWaySampling, StepPlanning, StepLaunch, StepFinish):  # fmt: skip
@@ -397,6 +406,7 @@ class EngineCore(InputProcessor, OutputProcessor, EngineForward, EngineSampling,
         for _ in range(launches):
             self._update_stats()
         return outputs
+
 
 class LLMEngine(EngineCore):
     """vLLM's ``LLMEngine``: `add_request`, then `step` until nothing is left;
@@ -457,6 +467,7 @@ class LLMEngine(EngineCore):
             bar.close()
             self.abort_request([rid for rid in ids if rid not in outputs])
         return [outputs[i] for i in ids]
+
 
 class LLM(LLMEngine):
     """Serve a causal LM with a paged KV cache and continuous batching, as

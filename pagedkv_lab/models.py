@@ -26,7 +26,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from .device import GPUSpec, default_dtype, memory_budget
+from pagedkv_lab.device import GPUSpec, default_dtype, memory_budget
 
 #: The offline models: name -> what it is for.
 OFFLINE_MODELS: dict[str, str] = {
@@ -210,7 +210,7 @@ def load_model(
 def real_model_shapes() -> dict[str, PretrainedConfig]:
     """Real checkpoints' architectures (`kvmath.real_model_configs`) that
     `load_model` builds with random weights, by name."""
-    from .kvmath import real_model_configs
+    from pagedkv_lab.kvmath import real_model_configs
 
     return real_model_configs()
 
@@ -229,7 +229,7 @@ def largest_real_shape(
     memory, leaving the rest for the KV cache and activations: Llama-3-8B (16 GB
     in bf16) on a 40 GB card and up, Llama-3.2-1B on a T4 or an L4. The last
     candidate where none fits, and on a CPU."""
-    from .kvmath import count_parameters_from_config
+    from pagedkv_lab.kvmath import count_parameters_from_config
 
     budget = memory_budget(device, fraction)
     if budget is None:

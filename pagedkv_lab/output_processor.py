@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import Sequence
-from .outputs import CompletionOutput, RequestOutput
-from .sampling import top_logprobs
-from .sampling_params import RequestOutputKind, SamplingParams
-from .tokenizing import IncrementalDetokenizer
+from pagedkv_lab.engine import Sequence
+from pagedkv_lab.outputs import CompletionOutput, RequestOutput
+from pagedkv_lab.sampling import top_logprobs
+from pagedkv_lab.sampling_params import RequestOutputKind, SamplingParams
+from pagedkv_lab.tokenizing import IncrementalDetokenizer
 
 
 @dataclass
@@ -311,7 +311,7 @@ class OutputProcessor:
 def beam_search_output(out: RequestOutput):
     """A finished beam-search request's output as a `BeamSearchOutput`
     (chapter 07), its ``sequences`` best first."""
-    from .groups import BeamSearchOutput, BeamSearchSequence
+    from pagedkv_lab.groups import BeamSearchOutput, BeamSearchSequence
 
     seqs = [
         BeamSearchSequence(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .workloads import Request
+from pagedkv_lab.sim.workloads import Request
 
 
 class OutOfBlocksError(RuntimeError):
@@ -50,6 +50,7 @@ class FreeBlockList:
                 f"cannot {verb} block {block}: it is not allocated (double free?)"
             )
 
+
 class BlockAllocator(FreeBlockList):
     """Fixed-size blocks handed out from a LIFO free list, each with a reference
     count. ``allocate`` and ``free`` are O(1); a block returns to the free list
@@ -80,6 +81,7 @@ class BlockAllocator(FreeBlockList):
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
             self.free_list.append(block)
+
 
 class LogicalBlocks:
     """One sequence's blocks, in logical order, and how many tokens they hold;
@@ -127,6 +129,7 @@ class LogicalBlocks:
             )
         self.blocks.extend(self.allocator.allocate() for _ in range(needed))
 
+
 class BlockTable(LogicalBlocks):
     """A sequence's block table: `LogicalBlocks` that can also free themselves and
     translate a token's position into its physical slot."""
@@ -152,6 +155,7 @@ class BlockTable(LogicalBlocks):
             self.blocks[position // self.block_size] * self.block_size
             + position % self.block_size
         )
+
 
 def slot_mapping(
     tables: list[BlockTable], starts: list[int], device: torch.device | str = "cpu"
@@ -186,8 +190,9 @@ def block_table_tensor(
         len(tables), width
     )
 
+
 class OnDemandBlocks:
-    """The allocation side of a paged ``MemoryPool`` (see ``pagedkv_lab.workloads``):
+    """The allocation side of a paged ``MemoryPool`` (``pagedkv_lab.sim.workloads``):
     a request gets blocks for its prompt at admission and one block more each time
     its last block fills."""
 
@@ -238,6 +243,7 @@ class OnDemandBlocks:
     def release(self, req: Request) -> None:
         self.tables.pop(req.id).free()
         del self.final_len[req.id]
+
 
 class PagedPool(OnDemandBlocks):
     """`OnDemandBlocks` with the accounting the simulator records each step, in

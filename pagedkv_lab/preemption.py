@@ -9,11 +9,12 @@ from collections import deque
 
 import torch
 
-from .engine import PagedKVCache
-from .paging import BlockAllocator, BlockTable
-from .scheduler import Scheduler, SchedulerOutput, SequenceGroup
+from pagedkv_lab.engine import PagedKVCache
+from pagedkv_lab.paging import BlockAllocator, BlockTable
+from pagedkv_lab.scheduler import Scheduler, SchedulerOutput, SequenceGroup
 
 VICTIM_POLICIES = ("newest", "longest-output", "shortest-output")
+
 
 class CpuBlockPool:
     """KV blocks in CPU memory: an allocator, and a host tensor shaped like the
@@ -59,6 +60,7 @@ class CpuBlockPool:
             staged = self.data.index_select(2, src).to(cache.data.device)
             cache.data.index_copy_(2, dst.to(cache.data.device), staged)
 
+
 class SwapOutPool(CpuBlockPool):
     """The swap-out half of `SwapSpace`: a request's device blocks go to host
     blocks, sharing kept (a block held by several of its sequences is moved
@@ -97,6 +99,7 @@ class SwapOutPool(CpuBlockPool):
             block_manager.free(seq)
         self.blocks_out += len(moves)
         return moves
+
 
 class SwapSpace(SwapOutPool):
     """Where a swapped request's blocks live: `swap_out` gives its device blocks
@@ -148,6 +151,7 @@ class SwapSpace(SwapOutPool):
             for block in layout:
                 self.allocator.free(block)
 
+
 class VictimScheduler(Scheduler):
     """Chapter 06's scheduler with a choice of victim: ``"newest"`` (vLLM's),
     ``"longest-output"`` (the request that has generated most gives way) or
@@ -169,6 +173,7 @@ class VictimScheduler(Scheduler):
             self.running.sort(key=generated)
         elif self.victim == "shortest-output":
             self.running.sort(key=lambda g: (-generated(g), g.prompt_len))
+
 
 class SwapOutScheduler(VictimScheduler):
     """The swap-out half of `PreemptionScheduler`: with a `SwapSpace`, a
@@ -207,6 +212,7 @@ class SwapOutScheduler(VictimScheduler):
             self.swapped.remove(group)
             self.swap_space.drop(group)
         super().remove(group)
+
 
 class PreemptionScheduler(SwapOutScheduler):
     """Chapter 06's scheduler with a choice of victim and a swapped queue:

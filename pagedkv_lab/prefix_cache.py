@@ -14,9 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .block_manager import BlockManager
-from .engine import Sequence
-from .paging import BlockAllocator, BlockTable
+from pagedkv_lab.block_manager import BlockManager
+from pagedkv_lab.engine import Sequence
+from pagedkv_lab.paging import BlockAllocator, BlockTable
 
 EVICTION_POLICIES = ("lru", "fifo", "evict-all")
 
@@ -47,6 +47,7 @@ def digest_hash(algorithm: str = "sha256") -> Callable:
         return int.from_bytes(h.digest()[:16], "little")
 
     return key
+
 
 @dataclass
 class CachedBlock:
@@ -93,6 +94,7 @@ class PrefixCacheStats:
         self.queries = self.hits = self.resumed_queries = self.resumed_hits = 0
         self.evictions = 0
 
+
 class CachedFreeList(BlockAllocator):
     """Chapter 03's allocator with a second kind of free block.
 
@@ -136,6 +138,7 @@ class CachedFreeList(BlockAllocator):
             del self.evictable[block]
             self.free_list.append(block)
 
+
 class CachingBlockAllocator(CachedFreeList):
     """A `CachedFreeList` that evicts: new blocks come from the free list first;
     only when it is empty is a cached-free block evicted, by ``policy``:
@@ -169,6 +172,7 @@ class CachingBlockAllocator(CachedFreeList):
             del self.evictable[block]
             self.on_evict(self.cached.pop(block))
             self.free_list.append(block)
+
 
 class PrefixLookup:
     """The reading half of the prefix cache's index: chained keys of a
@@ -205,6 +209,7 @@ class PrefixLookup:
             hits.append(entry)
             parent = entry.entry
         return hits
+
 
 class PrefixIndex(PrefixLookup):
     """The prefix cache's lookup table: chained keys of full blocks, the
@@ -263,6 +268,7 @@ class PrefixIndex(PrefixLookup):
         self._keys.pop(seq.seq_id, None)
         self._chains.pop(seq.seq_id, None)
 
+
 class PrefixMatchingBlockManager(BlockManager):
     """The reading half of `PrefixCachingBlockManager`: a new sequence reuses
     the longest registered prefix of its tokens (`num_cached_tokens`,
@@ -318,6 +324,7 @@ class PrefixMatchingBlockManager(BlockManager):
         # A request with output tokens was preempted: its lookup is counted apart.
         self.stats.record(seq.num_tokens, num_cached_tokens, bool(seq.output_token_ids))
 
+
 class PrefixRegisteringBlockManager(PrefixMatchingBlockManager):
     """`PrefixMatchingBlockManager` plus the writing half: full blocks are
     registered once computed (`cache_blocks`), and a finished sequence's blocks
@@ -360,7 +367,9 @@ class PrefixRegisteringBlockManager(PrefixMatchingBlockManager):
         self.index.drop(seq)
         super().free(seq)
 
+
 REGISTER_WHEN = ("computed", "scheduled")
+
 
 class PrefixCachingBlockManager(PrefixRegisteringBlockManager):
     """A `BlockManager` whose full blocks outlive their sequences as a cache.
@@ -422,6 +431,7 @@ class PrefixCachingBlockManager(PrefixRegisteringBlockManager):
                 self.allocator.uncache(block)
         super().free(seq)
 
+
 class RadixNode:
     """A node of `RadixTree`: the tokens on the edge from its parent."""
 
@@ -433,6 +443,7 @@ class RadixNode:
         self.parent = parent
         self.lock = 0
         self.last_access = 0
+
 
 class RadixTree:
     """Prefixes at token granularity: every root-to-node path is a stored
@@ -492,6 +503,7 @@ class RadixTree:
             node = stack.pop()
             yield node
             stack += node.children.values()
+
 
 class RadixCache(RadixTree):
     """A `RadixTree` of at most ``capacity`` tokens (SGLang's RadixAttention,

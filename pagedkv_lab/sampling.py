@@ -40,10 +40,10 @@ import time
 import numpy as np
 import torch
 
-from .engine import SamplingColumns, Sequence, upload
-from .engine import sample_batched as chapter_sample_batched
-from .outputs import Logprob
-from .sampling_params import RequestOutputKind, SamplingParams
+from pagedkv_lab.engine import SamplingColumns, Sequence, upload
+from pagedkv_lab.engine import sample_batched as chapter_sample_batched
+from pagedkv_lab.outputs import Logprob
+from pagedkv_lab.sampling_params import RequestOutputKind, SamplingParams
 
 __all__ = [
     "Logprob",

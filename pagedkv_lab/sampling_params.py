@@ -40,7 +40,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from .engine import SamplingParams as _ChapterSamplingParams
+from pagedkv_lab.engine import SamplingParams as _ChapterSamplingParams
 
 #: Where a reader finds what is supported and what vLLM offers instead.
 SEE_ALSO = 'see "From pagedkv_lab to vLLM" (book/vllm.md), section "The settings"'

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .engine import Sequence, upload
-from .sampling import sample_tokens
+from pagedkv_lab.engine import Sequence, upload
+from pagedkv_lab.sampling import sample_tokens
 
 
 class GroupSampling:
@@ -55,6 +55,7 @@ class GroupSampling:
             for s in seqs
         ]
 
+
 def accept_tokens(seqs, tokens, logprobs, stop_ids: set, limits: list[int],
                   eos_token_ids, max_model_len: int) -> list[int]:  # fmt: skip
     """`GroupSampling.accept` for a whole step: each sequence receives the token
@@ -93,6 +94,7 @@ def samples_as_rows(group) -> bool:
     return group.samples_in_batch and (
         type(group).sampling_rows is GroupSampling.sampling_rows
     )
+
 
 class SequenceGroup(GroupSampling):
     """A request: the sequences generated from one prompt.
@@ -149,6 +151,7 @@ class SequenceGroup(GroupSampling):
         seq = self.running_seqs[0]
         return [(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))]
 
+
 @dataclass
 class SchedulerOutput:
     """One step's plan: which sequences compute how many new tokens, and the
@@ -169,6 +172,7 @@ class SchedulerOutput:
         self.seqs.append(seq)
         self.num_new_tokens.append(num_new_tokens)
         self.groups.append(group)
+
 
 class SchedulerQueues:
     """The scheduler's state, waiting and running requests, and what happens to
@@ -227,6 +231,7 @@ class SchedulerQueues:
             self.running = running
         return done
 
+
 class Growth:
     """The first half of a step's decision (a piece of `Scheduler`): running
     requests get slots for their next tokens, in queue order; when no block is
@@ -273,6 +278,7 @@ class Growth:
             seq.num_computed_tokens = 0
         self.waiting.appendleft(group)
 
+
 class Admission:
     """The second half of a step's decision (a piece of `Scheduler`): waiting
     requests join, first come first served, while they fit."""
@@ -305,6 +311,7 @@ class Admission:
             budget -= n
         return budget
 
+
 class DecodeGrowth:
     """`Growth`'s usual step, decided at once (a piece of `Scheduler`)."""
 
@@ -327,6 +334,7 @@ class DecodeGrowth:
         out.seqs, out.groups, out.num_new_tokens = seqs, list(running), [1] * len(seqs)
         out.decode_only = True
         return True
+
 
 class Scheduler(Growth, DecodeGrowth, Admission, SchedulerQueues):
     """Decides each step who computes how many tokens.

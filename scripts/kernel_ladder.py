@@ -69,7 +69,6 @@ from pagedkv_lab.attention import (
     paged_attention_tiled,
     reference_paged_attention,
 )
-from pagedkv_lab.attention_plots import PREFILL_GOAL_OVER_SDPA as PREFILL_GOAL
 from pagedkv_lab.bench import kernel_benchmark, print_kernel_table
 from pagedkv_lab.bench.kernel import (
     LADDER_DECODE_SHAPES,
@@ -82,6 +81,7 @@ from pagedkv_lab.bench.kernel import (
     prefill_ladder_benchmark,
     print_ladder_table,
 )
+from pagedkv_lab.course.attention_plots import PREFILL_GOAL_OVER_SDPA as PREFILL_GOAL
 from pagedkv_lab.device import default_dtype, device_report, gpu_spec, supports_bf16
 from pagedkv_lab.models import largest_real_shape
 

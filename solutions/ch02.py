@@ -1,7 +1,7 @@
 """Solutions to chapter 02's exercises."""
 
-from pagedkv_lab.contiguous import ContiguousPool
-from pagedkv_lab.workloads import chat_workload, simulate
+from pagedkv_lab.sim.contiguous import ContiguousPool
+from pagedkv_lab.sim.workloads import chat_workload, simulate
 
 
 def best_fit(gaps: list[tuple[int, int]], n: int) -> int | None:

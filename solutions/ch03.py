@@ -1,7 +1,7 @@
 """Solutions to chapter 03's exercises."""
 
 from pagedkv_lab.paging import PagedPool
-from pagedkv_lab.workloads import chat_workload, simulate
+from pagedkv_lab.sim.workloads import chat_workload, simulate
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

@@ -1,6 +1,6 @@
 """Solutions to chapter 08's exercises."""
 
-from pagedkv_lab.experiments import prefix_cache_run
+from pagedkv_lab.course.experiments import prefix_cache_run
 from pagedkv_lab.prefix_cache import chained_hash
 
 

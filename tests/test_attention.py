@@ -483,7 +483,7 @@ from pagedkv_lab.attention import (  # noqa: E402
     PREFILL_LADDER,
     tuned_launch,
 )
-from pagedkv_lab.attention_plots import tile_plan  # noqa: E402
+from pagedkv_lab.course.attention_plots import tile_plan  # noqa: E402
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pagedkv_lab.audit_plots import VERDICT_COLORS, plot_claims  # noqa: E402
-from pagedkv_lab.experiments import (  # noqa: E402
+from pagedkv_lab.course.audit_plots import VERDICT_COLORS, plot_claims  # noqa: E402
+from pagedkv_lab.course.experiments import (  # noqa: E402
     ALPACA_MEAN_OUTPUT,
     ALPACA_MEAN_PROMPT,
     pressure_run,

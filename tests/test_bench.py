@@ -26,7 +26,7 @@ from pagedkv_lab.bench.cli import main
 from pagedkv_lab.bench.common import cpu_model
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.models import offline_config
-from pagedkv_lab.workloads import Request
+from pagedkv_lab.sim.workloads import Request
 
 REQUESTS = [
     Request(i, 0.0, p, o)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv_lab.claims import CLAIMS, EXPLAINERS, PAPERS, quote, render_index
+from pagedkv_lab.course.claims import CLAIMS, EXPLAINERS, PAPERS, quote, render_index
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,8 +19,8 @@ def test_every_claim_of_the_project_list_is_covered():
 def test_book_claims_page_is_the_generated_table():
     page = (ROOT / "book" / "claims.md").read_text()
     assert render_index(page) == page, (
-        "book/claims.md disagrees with pagedkv_lab.claims: run "
-        "`python -m pagedkv_lab.claims book/claims.md`"
+        "book/claims.md disagrees with pagedkv_lab.course.claims: run "
+        "`python -m pagedkv_lab.course.claims book/claims.md`"
     )
 
 
@@ -82,7 +82,7 @@ def test_every_explanation_that_repeats_a_figure_is_listed():
 
 
 def test_traps_cite_the_explanations_that_print_them():
-    from pagedkv_lab.claims import TRAPS
+    from pagedkv_lab.course.claims import TRAPS
 
     assert list(TRAPS) == [f"T{i}" for i in range(1, 6)]
     for trap in TRAPS.values():

@@ -4,7 +4,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedkv_lab.contiguous import (
+from pagedkv_lab.models import load_model
+from pagedkv_lab.sim.contiguous import (
     BuddyAllocator,
     ContiguousAllocator,
     ContiguousKVCache,
@@ -16,8 +17,7 @@ from pagedkv_lab.contiguous import (
     pool_segments,
     reservation,
 )
-from pagedkv_lab.models import load_model
-from pagedkv_lab.workloads import Request, chat_workload, simulate, uniform_workload
+from pagedkv_lab.sim.workloads import Request, chat_workload, simulate, uniform_workload
 
 
 def test_first_fit_and_best_fit_choose_different_gaps():

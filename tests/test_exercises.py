@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedkv_lab import exercises
+from pagedkv_lab.course import exercises
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 

@@ -5,7 +5,7 @@ are not a fact about the algorithm: the same float32 or float64 computation
 prints ``2.6e-16`` on a CPU without AVX-512 and ``1.2e-16`` on one with it
 (or with another thread count), so a chapter that prints them fails on the next
 machine. What holds everywhere is the bound the error meets, which is what
-`pagedkv_lab.notebook.within` prints.
+`pagedkv_lab.course.notebook.within` prints.
 
 The rule checked here: a compared output may show a number below 1e-3 only as
 a bound (right after ``<``, ``<=``, ``≤``, "below" or "under") or as a literal
@@ -79,7 +79,7 @@ def test_compared_outputs_print_no_rounding_noise(path: Path):
             problems += [f"Cell {index}: ...{hit}" for hit in rounding_noise(text, source)]
     assert not problems, (
         f"{path.name} prints rounding errors' digits in compared outputs; print the "
-        "bound they meet (pagedkv_lab.notebook.within) or mark the cell "
+        "bound they meet (pagedkv_lab.course.notebook.within) or mark the cell "
         "# NBVAL_IGNORE_OUTPUT with the bound asserted in a compared cell:\n"
         + "\n".join(problems)
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from pagedkv_lab import committed
+from pagedkv_lab.course import committed
 
 ROOT = Path(__file__).resolve().parent.parent
 

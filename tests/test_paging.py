@@ -4,7 +4,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedkv_lab.contiguous import ContiguousPool
 from pagedkv_lab.paging import (
     BlockAllocator,
     BlockTable,
@@ -13,7 +12,8 @@ from pagedkv_lab.paging import (
     block_table_tensor,
     slot_mapping,
 )
-from pagedkv_lab.workloads import Request, chat_workload, simulate
+from pagedkv_lab.sim.contiguous import ContiguousPool
+from pagedkv_lab.sim.workloads import Request, chat_workload, simulate
 
 
 def test_free_list_is_lifo_and_errors_are_clear():

@@ -8,9 +8,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pagedkv_lab import plotting  # noqa: E402
-from pagedkv_lab.contiguous import ContiguousPool  # noqa: E402
-from pagedkv_lab.experiments import (  # noqa: E402
+from pagedkv_lab.course import plotting  # noqa: E402
+from pagedkv_lab.course.experiments import (  # noqa: E402
     PAPER_FIG2,
     fig2_verdict,
     kinds_mean_se,
@@ -21,7 +20,8 @@ from pagedkv_lab.experiments import (  # noqa: E402
     sigma_sweep,
 )
 from pagedkv_lab.paging import PagedPool  # noqa: E402
-from pagedkv_lab.workloads import chat_workload, simulate  # noqa: E402
+from pagedkv_lab.sim.contiguous import ContiguousPool  # noqa: E402
+from pagedkv_lab.sim.workloads import chat_workload, simulate  # noqa: E402
 
 
 @pytest.fixture(scope="module")

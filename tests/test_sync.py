@@ -5,13 +5,21 @@ import re
 
 import pytest
 
-from pagedkv_lab._export import LIB, NOTEBOOKS, ROOT, export_all, exporting_notebooks
+from pagedkv_lab._export import (
+    LIB,
+    ROOT,
+    assemble,
+    chapter_notebooks,
+    export_all,
+    exporting_notebooks,
+    module_path,
+)
 
 MODULES = exporting_notebooks()
 
 
 def test_every_chapter_exports_a_module():
-    assert {"device", "kvmath", "contiguous"} <= set(MODULES)
+    assert {"device", "kvmath", "sim.contiguous"} <= set(MODULES)
 
 
 @pytest.fixture(scope="module")
@@ -24,26 +32,83 @@ def fresh_export(tmp_path_factory):
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
-def test_module_matches_its_notebook(module, fresh_export):
-    committed = (LIB / f"{module}.py").read_text()
-    regenerated = (fresh_export / f"{module}.py").read_text()
+def test_module_matches_its_notebooks(module, fresh_export):
+    committed = module_path(module).read_text()
+    regenerated = module_path(module, fresh_export).read_text()
+    names = ", ".join(nb.name for nb in MODULES[module])
     assert committed == regenerated, (
-        f"pagedkv_lab/{module}.py differs from notebooks/{MODULES[module].name}: "
+        f"{module_path(module).relative_to(ROOT)} differs from what {names} export: "
         "edit the notebook, then run `make export`"
     )
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_generated_module_says_do_not_edit(module):
-    first = (LIB / f"{module}.py").read_text().splitlines()[0]
-    assert "DO NOT EDIT" in first and MODULES[module].name in first
+    first = module_path(module).read_text().splitlines()[0]
+    assert "DO NOT EDIT" in first
+    assert all(f"notebooks/{nb.name}" in first for nb in MODULES[module])
+
+
+def _piece(source: str, name: str = "01_x.ipynb"):
+    from pagedkv_lab._export import Piece
+
+    return Piece(source, ROOT / "notebooks" / name)
+
+
+def test_add_to_class_builds_one_whole_class():
+    """A class begun in one cell and grown by ``@add_to_class`` cells (of this
+    chapter or a later one) is written as one class: a method of the same name
+    replaced in place, a new one appended, imports moved up, no decorator left."""
+    first = '"""Doc."""\n\nimport math\n\n\nclass Pool:\n    def a(self):\n        return 1\n'
+    later = (
+        "import os\n\n"
+        "@add_to_class(Pool)\n"
+        "def a(self):\n    return 2\n\n"
+        "# a comment that travels\n"
+        "@add_to_class(Pool)\n"
+        "@property\n"
+        "def b(self):\n    return os.sep\n"
+    )
+    text = assemble([_piece(first), _piece(later, "02_y.ipynb")], LIB / "x.py")
+    assert "add_to_class" not in text
+    assert "notebooks/01_x.ipynb, notebooks/02_y.ipynb" in text.splitlines()[0]
+    namespace: dict = {}
+    exec(compile(text, "x.py", "exec"), namespace)
+    pool = namespace["Pool"]()
+    assert pool.a() == 2 and pool.b == namespace["os"].sep
+    assert text.count("def a(") == 1 and "    # a comment that travels" in text
+    assert text.index("import os") < text.index("class Pool")
+
+
+def test_add_to_class_needs_the_class_first():
+    with pytest.raises(ValueError, match="add_to_class"):
+        assemble([_piece("x = 1\n"), _piece("@add_to_class(Pool)\ndef a(self):\n    pass\n")],
+                 LIB / "x.py")  # fmt: skip
+
+
+def test_add_to_class_in_a_notebook_attaches_the_method():
+    from pagedkv_lab.course.notebook import add_to_class
+
+    class Pool:
+        pass
+
+    @add_to_class(Pool)
+    def size(self):
+        return 3
+
+    @add_to_class(Pool)
+    @property
+    def double(self):
+        return 2 * self.size()
+
+    assert Pool().size() == 3 and Pool().double == 6
 
 
 def _cells(nb_path):
     return json.loads(nb_path.read_text())["cells"]
 
 
-CHAPTERS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+CHAPTERS = chapter_notebooks()
 
 
 @pytest.mark.parametrize("nb_path", CHAPTERS, ids=lambda p: p.name)
@@ -52,7 +117,7 @@ def test_chapter_shape(nb_path):
     setup = "".join(cells[0]["source"])
     assert (
         cells[0]["cell_type"] == "code"
-        and "from pagedkv_lab.notebook import setup" in setup
+        and "from pagedkv_lab.course.notebook import setup" in setup
     )
     assert cells[1]["cell_type"] == "markdown" and "".join(
         cells[1]["source"]
@@ -94,4 +159,5 @@ def test_every_chapter_is_in_the_toc():
 
 def test_solutions_exist_for_each_chapter():
     for nb_path in CHAPTERS:
-        assert (ROOT / "solutions" / f"ch{nb_path.name[:2]}.py").exists()
+        number = nb_path.name.split("_")[0]
+        assert (ROOT / "solutions" / f"ch{number}.py").exists()

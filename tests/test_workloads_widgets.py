@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from pagedkv_lab.widgets import contiguous_trace_frames
-from pagedkv_lab.workloads import (
+from pagedkv_lab.course.widgets import contiguous_trace_frames
+from pagedkv_lab.sim.workloads import (
     SHAREGPT_MEAN_OUTPUT,
     SHAREGPT_MEAN_PROMPT,
     chat_workload,
@@ -69,9 +69,9 @@ def test_viewer_frames_cover_the_pool_and_follow_the_simulation():
 
 def test_paged_viewer_draws_the_allocators_own_block_tables():
     """The viewer's tables are the allocator's lists, in logical order, not sorted."""
+    from pagedkv_lab.course.widgets import paged_trace_frames
     from pagedkv_lab.paging import PagedPool
-    from pagedkv_lab.widgets import paged_trace_frames
-    from pagedkv_lab.workloads import simulate
+    from pagedkv_lab.sim.workloads import simulate
 
     recorded = {}
 
@@ -100,7 +100,7 @@ def test_block_drawings_render(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pagedkv_lab.widgets import (
+    from pagedkv_lab.course.widgets import (
         draw_block_grid,
         draw_block_table,
         draw_paging_diagram,
@@ -124,8 +124,8 @@ def test_finished_requests_tails_are_never_used_and_grids_colour_apart(tmp_path)
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_hex
 
-    from pagedkv_lab.plotting import COLORS, REQUEST_COLORS
-    from pagedkv_lab.widgets import (
+    from pagedkv_lab.course.plotting import COLORS, REQUEST_COLORS
+    from pagedkv_lab.course.widgets import (
         block_legend_handles,
         draw_block_grid,
         draw_paging_diagram,
@@ -180,8 +180,8 @@ def test_each_viewer_draws_its_first_and_last_frames(make, monkeypatch):
     import IPython.display
     import matplotlib.pyplot as plt
 
-    from pagedkv_lab import widgets
-    from pagedkv_lab.workloads import multi_turn_workload
+    from pagedkv_lab.course import widgets
+    from pagedkv_lab.sim.workloads import multi_turn_workload
 
     shown, drawn = [], []
     monkeypatch.setattr(IPython.display, "display", shown.append)
@@ -216,7 +216,7 @@ def test_preemption_trace_pools_have_the_asked_sizes_in_any_dtype(dtype, monkeyp
     import torch
 
     from pagedkv_lab import llm
-    from pagedkv_lab.widgets import trace_preemption
+    from pagedkv_lab.course.widgets import trace_preemption
 
     monkeypatch.setattr(llm, "default_dtype", lambda device: getattr(torch, dtype))
     frames = trace_preemption(num_requests=6, num_blocks=20, swap_blocks=12)
@@ -229,7 +229,7 @@ def test_preemption_trace_pools_have_the_asked_sizes_in_any_dtype(dtype, monkeyp
 def test_request_colours_are_never_a_memory_states_colour():
     from matplotlib.colors import to_rgb
 
-    from pagedkv_lab.plotting import COLORS, REQUEST_COLORS, request_color
+    from pagedkv_lab.course.plotting import COLORS, REQUEST_COLORS, request_color
 
     assert len(set(REQUEST_COLORS)) == len(REQUEST_COLORS) >= 16
     states = {to_rgb(c) for c in COLORS.values()} | {to_rgb("white")}
@@ -249,7 +249,7 @@ def test_block_grids_drop_ids_when_they_would_overlap(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pagedkv_lab.widgets import draw_block_grid, grid_shape
+    from pagedkv_lab.course.widgets import draw_block_grid, grid_shape
 
     assert grid_shape(256) == (16, True) and grid_shape(512) == (32, False)
     owners = {0: (1, 16, 16), 3: (1, 5, 9), 2: (2, 3, 3)}  # held, will hold

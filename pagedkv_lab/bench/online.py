@@ -71,7 +71,7 @@ class Record:
 
 def build_trace(num_requests: int, max_model_len: int, seed: int):
     """The bench's W1 requests and their token-id prompts."""
-    from .common import _prompt_ids, scaled_chat_trace
+    from pagedkv_lab.bench.common import _prompt_ids, scaled_chat_trace
 
     requests = scaled_chat_trace(num_requests, max_model_len, seed=seed)
     return requests, _prompt_ids(requests, seed=seed)
@@ -460,7 +460,7 @@ class LaunchedServer:
 
 
 def _budget_bytes(model: str, tokens: int) -> int:
-    from .common import _kv_spec
+    from pagedkv_lab.bench.common import _kv_spec
 
     return _kv_spec(model).bytes_for(tokens)
 
@@ -477,7 +477,7 @@ def online_commands(args, model_dir: str | None, port: int, vllm: bool) -> list[
                "--block-size", str(args.block_size), "--kv-cache-memory", str(budget),
                "--disable-access-log", "--log-level", "warning", *common]  # fmt: skip
         return cmd + (["--device", args.device] if args.device else [])
-    from ..models import OFFLINE_MODELS
+    from pagedkv_lab.models import OFFLINE_MODELS
 
     dtype = "float32" if args.model in OFFLINE_MODELS else "auto"
     cmd = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
@@ -492,7 +492,7 @@ def online_main(args) -> None:
     """``python -m pagedkv_lab.bench online``: start each server in turn (ours,
     then vLLM's where a vLLM python is found), warm it up, replay the trace at
     every rate, stop it; print them side by side."""
-    from .peers import _save_for_vllm, find_vllm_python
+    from pagedkv_lab.bench.peers import _save_for_vllm, find_vllm_python
 
     prompts, max_tokens = _trace(args)
     args.vllm_python = find_vllm_python(args.vllm_python)
@@ -544,7 +544,7 @@ def online_main(args) -> None:
 
 def _reference(args, prompts, max_tokens, records) -> list[str]:
     """How many of our server's replies equal `LLM.generate`'s greedy tokens."""
-    from .. import LLM, SamplingParams
+    from pagedkv_lab import LLM, SamplingParams
 
     llm = LLM(args.model, max_model_len=args.max_model_len, seed=0)
     params = [

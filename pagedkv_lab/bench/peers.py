@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from .common import ServeSetup, _run_result, static_batches
+from pagedkv_lab.bench.common import ServeSetup, _run_result, static_batches
 
 # the script the vLLM python runs: it needs nothing of this package
-VLLM_PEER_SCRIPT = Path(__file__).resolve().parent.parent / "_vllm_peer.py"
+VLLM_PEER_SCRIPT = Path(__file__).resolve().parent / "_vllm_peer.py"
 
 #: transformers' step budget when none is given (its ``PagedAttentionMemoryHandler``'s
 #: default), passed explicitly: with ``num_blocks`` fixed and no ``max_batch_tokens``,
@@ -31,14 +31,14 @@ class _HFStaticRunner:
     block_size = None
 
     def __init__(self, setup: ServeSetup):
-        from ..models import load_model
+        from pagedkv_lab.models import load_model
 
         self.setup = setup
         self.model, _ = load_model(setup.model_name, device=setup.device)
 
     @torch.inference_mode()
     def run(self, prompts: list[list[int]], max_tokens: list[int]) -> dict:
-        from ..kvmath import cache_nbytes
+        from pagedkv_lab.kvmath import cache_nbytes
 
         s, device = self.setup, self.setup.device
         batches = static_batches(
@@ -126,7 +126,7 @@ class _HFContinuousRunner:
         from transformers import GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-        from ..models import load_model
+        from pagedkv_lab.models import load_model
 
         self.block_size = setup.block_size
         self.model, _ = load_model(setup.model_name, device=setup.device)
@@ -288,7 +288,7 @@ class _VLLMRunner:
         import os
         import subprocess
 
-        from ..models import OFFLINE_MODELS
+        from pagedkv_lab.models import OFFLINE_MODELS
 
         # eager: vLLM's own kernels, no torch.compile ("-tc": with its default compile)
         self.name = f"vllm-b{block_size}" + ("" if eager else "-tc")
@@ -375,7 +375,7 @@ class _VLLMRunner:
 
 def _save_for_vllm(model_name: str, directory: str) -> str:
     """The offline model's weights and byte tokenizer, saved where vLLM can load them; other names pass through."""
-    from ..models import OFFLINE_MODELS, load_model
+    from pagedkv_lab.models import OFFLINE_MODELS, load_model
 
     if model_name not in OFFLINE_MODELS:
         return model_name

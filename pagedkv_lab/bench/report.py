@@ -36,13 +36,13 @@ from pathlib import Path
 
 import torch
 
-from ..device import by_device, device_report
-from ..engine import SamplingParams
-from .common import SYSTEMS, _prompt_ids, cpu_model, scaled_chat_trace
-from .kernel import kernel_benchmark
-from .peers import find_vllm_python
-from .serve import serve_benchmark
-from .timing import time_call, time_calls, trace
+from pagedkv_lab.bench.common import SYSTEMS, _prompt_ids, cpu_model, scaled_chat_trace
+from pagedkv_lab.bench.kernel import kernel_benchmark
+from pagedkv_lab.bench.peers import find_vllm_python
+from pagedkv_lab.bench.serve import serve_benchmark
+from pagedkv_lab.bench.timing import time_call, time_calls, trace
+from pagedkv_lab.device import by_device, device_report
+from pagedkv_lab.engine import SamplingParams
 
 SECTIONS = ("kernel", "serve", "sampling", "rate", "blocks")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -106,7 +106,7 @@ def plot_kernel_bandwidth(kernel: dict, path: str | None = None):
     ceiling each shape reaches."""
     import matplotlib.pyplot as plt
 
-    from ..plotting import SERIES, use_style
+    from pagedkv_lab.course.plotting import SERIES, use_style
 
     use_style()
     rows = [r for r in kernel["rows"] if r["dtype"] == kernel["rows"][0]["dtype"]]
@@ -145,7 +145,7 @@ def plot_kernel_bandwidth(kernel: dict, path: str | None = None):
 
 def _prefix_workload(n: int, max_model_len: int, seed: int = 3):
     """W3 scaled to ``max_model_len``: one system prompt of a quarter of it."""
-    from ..workloads import Request, system_prompt_workload
+    from pagedkv_lab.sim.workloads import Request, system_prompt_workload
 
     system_len = max(16, max_model_len // 4)
     token_requests = system_prompt_workload(
@@ -168,7 +168,7 @@ def serve_workload(
     """One workload of `serve_section`: its requests (and prompts, where they
     share a prefix), its KV budget in full-length requests, the systems that
     serve it and whether prefix caching is on."""
-    from ..workloads import uniform_workload
+    from pagedkv_lab.sim.workloads import uniform_workload
 
     lo, hi = max(1, 100 * max_model_len // 2048), max(2, 1024 * max_model_len // 2048)
     w = dict(prompts=None, budget_requests=budget_requests, systems=tuple(systems))
@@ -249,9 +249,9 @@ def judge_outputs(outputs: dict, max_tokens, prompts, model, device, base=None) 
     `compare.compare_systems`): exactly in float32; in 16-bit by vLLM's rule,
     judged by ``model`` (a name, loaded once in the library's dtype, or a
     loaded model), only if some request differs."""
-    from ..compare import compare_systems
-    from ..device import default_dtype
-    from ..models import load_model
+    from pagedkv_lab.compare import compare_systems
+    from pagedkv_lab.device import default_dtype
+    from pagedkv_lab.models import load_model
 
     exact = default_dtype(device) == torch.float32
     first = outputs[base] if base is not None else next(iter(outputs.values()))
@@ -279,7 +279,7 @@ def serve_section_steps(
     """The forward passes `serve_section` runs, per workload and system (the
     warm-up's and ``repeats`` rounds'), counted without a model by
     `bench.serve.count_steps`."""
-    from .serve import count_steps
+    from pagedkv_lab.bench.serve import count_steps
 
     steps = {}
     for name in workloads:
@@ -306,8 +306,8 @@ def sampling_section(
     """Parallel sampling of ``n`` per prompt under a tight KV budget: one
     request forked with lazy copy-on-write, with an eager tail copy, and ``n``
     independent requests (chapter 07's `experiments.sharing_designs`)."""
-    from ..experiments import prompts_for, sharing_designs
-    from ..models import load_model
+    from pagedkv_lab.course.experiments import prompts_for, sharing_designs
+    from pagedkv_lab.models import load_model
 
     k = num_prompts or by_device(6, 64, device)
     requests = scaled_chat_trace(k, 512, seed=2)
@@ -362,8 +362,8 @@ def _engine_workload(
     """What `rate_section` and `blocks_section` serve: the loaded model, a W1
     trace as greedy token-id requests (EOS ignored), and the KV budget in bytes
     for ``budget_requests`` full-length requests."""
-    from ..kvmath import KVSpec
-    from ..models import load_model
+    from pagedkv_lab.kvmath import KVSpec
+    from pagedkv_lab.models import load_model
 
     name = model or by_device("tiny-llama", "small-llama", device)
     pair = load_model(name, device=device)
@@ -416,7 +416,7 @@ def rate_section(
     median over seeds (``normalized_latency_s``, ``p90_latency_s``) and the
     range (``normalized_latency_min``, ``normalized_latency_max``); ``runs``
     holds every replay."""
-    from ..llm import LLM
+    from pagedkv_lab.llm import LLM
 
     n = num_requests or by_device(48, 400, device)
     max_model_len = max_model_len or by_device(128, 512, device)
@@ -504,7 +504,7 @@ def rate_section_steps(
     more than it runs while the engine keeps up; a system that falls behind
     at a high load takes more steps online than offline, which this does not
     count."""
-    from .serve import count_steps
+    from pagedkv_lab.bench.serve import count_steps
 
     requests = scaled_chat_trace(num_requests, max_model_len, seed=seed)
     offline = count_steps(
@@ -530,7 +530,7 @@ def blocks_section_steps(
     """`blocks_section`'s forward passes, counted without a model: one engine
     per block size, each serving the trace once to warm up and ``repeats``
     times timed."""
-    from .serve import count_steps
+    from pagedkv_lab.bench.serve import count_steps
 
     requests = scaled_chat_trace(num_requests, max_model_len, seed=4)
     return sum(
@@ -577,7 +577,7 @@ def plot_latency_vs_rate(rate: dict, path: str | None = None):
     several."""
     import matplotlib.pyplot as plt
 
-    from ..plotting import SERIES, use_style
+    from pagedkv_lab.course.plotting import SERIES, use_style
 
     use_style()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
@@ -623,9 +623,9 @@ def blocks_section(
     alternation (throughput relative to block 16, same tokens); memory waste
     from chapter 03's simulator on a full-size W1 trace; kernel time by block
     size from ``kernel`` (`kernel_section`) when given."""
-    from ..llm import LLM
-    from ..paging import PagedPool
-    from ..workloads import chat_workload, simulate
+    from pagedkv_lab.llm import LLM
+    from pagedkv_lab.paging import PagedPool
+    from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     n = num_requests or by_device(16, 256, device)
     name, pair, prompts, params, budget = _engine_workload(

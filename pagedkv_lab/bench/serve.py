@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from .common import (
+from pagedkv_lab.bench.common import (
     ALL_SYSTEMS,
     PEAK_KV,
     SYSTEMS,
@@ -19,7 +19,7 @@ from .common import (
     scaled_chat_trace,
     static_batches,
 )
-from .peers import (
+from pagedkv_lab.bench.peers import (
     _HFContinuousRunner,
     _HFStaticRunner,
     _save_for_vllm,
@@ -27,16 +27,16 @@ from .peers import (
     find_vllm_python,
     vllm_block_sizes,
 )
-from .timing import trace
+from pagedkv_lab.bench.timing import trace
 
 
 class _OursRunner:
     """This engine; ``reserve=True`` reserves ``max_model_len`` tokens per request (chapter 02's scheme)."""
 
     def __init__(self, setup: ServeSetup, reserve: bool):
-        from ..kvmath import KVSpec
-        from ..llm import LLM
-        from ..models import load_model
+        from pagedkv_lab.kvmath import KVSpec
+        from pagedkv_lab.llm import LLM
+        from pagedkv_lab.models import load_model
 
         self.name = "contiguous" if reserve else "pagedkv"
         self.block_size = setup.block_size
@@ -60,7 +60,7 @@ class _OursRunner:
             self.block_bytes = spec.bytes_per_token * setup.block_size
 
     def run(self, prompts: list[list[int]], max_tokens: list[int]) -> dict:
-        from ..engine import SamplingParams
+        from pagedkv_lab.engine import SamplingParams
 
         params = [
             SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
@@ -192,7 +192,7 @@ def serve_benchmark(
     import gc
     import tempfile
 
-    from ..device import pick_device
+    from pagedkv_lab.device import pick_device
 
     device = device or pick_device()
     requests = (
@@ -325,9 +325,9 @@ def count_steps(
     as many passes as its longest output; ``hf-continuous`` and ``vllm`` have
     schedulers of their own and are counted as ``pagedkv`` (an estimate).
     """
-    from ..block_manager import BlockManager
-    from ..engine import SamplingParams, Sequence
-    from ..scheduler import Scheduler, SequenceGroup
+    from pagedkv_lab.block_manager import BlockManager
+    from pagedkv_lab.engine import SamplingParams, Sequence
+    from pagedkv_lab.scheduler import Scheduler, SequenceGroup
 
     budget_tokens = budget_requests * max_model_len
     batched = max_num_batched_tokens or max(512, max_model_len)
@@ -437,7 +437,7 @@ def plot_serve(rows: list[dict], title: str | None = None, path: str | None = No
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..plotting import SERIES, use_style
+    from pagedkv_lab.course.plotting import SERIES, use_style
 
     use_style()
     names = [r["system"] for r in rows]

@@ -25,15 +25,15 @@ except ImportError as err:  # pragma: no cover - exercised in a subprocess test
         f"missing: {err.name}"
     ) from err
 
-from .app import build_app
-from .engine_loop import EngineLoop, RequestStream
-from .protocol import RequestError
+from pagedkv_lab.serve.app import build_app
+from pagedkv_lab.serve.engine_loop import EngineLoop, RequestStream
+from pagedkv_lab.serve.protocol import RequestError
 
 __all__ = ["EngineLoop", "RequestError", "RequestStream", "build_app", "main"]
 
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m pagedkv_lab.serve``'s command line (see ``__main__``)."""
-    from .__main__ import main as _main
+    from pagedkv_lab.serve.__main__ import main as _main
 
     _main(argv)

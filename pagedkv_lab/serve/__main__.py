@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     import uvicorn
 
-    from ..llm import LLM
-    from .app import build_app
+    from pagedkv_lab.llm import LLM
+    from pagedkv_lab.serve.app import build_app
 
     try:
         llm = LLM(

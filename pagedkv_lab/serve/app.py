@@ -36,11 +36,11 @@ from fastapi.responses import (
     StreamingResponse,
 )
 
-from .. import __version__
-from ..llm import LLM, RequestOutput
-from .engine_loop import EngineLoop, RequestStream
-from .metrics import ServerMetrics
-from .protocol import (
+from pagedkv_lab import __version__
+from pagedkv_lab.llm import LLM, RequestOutput
+from pagedkv_lab.serve.engine_loop import EngineLoop, RequestStream
+from pagedkv_lab.serve.metrics import ServerMetrics
+from pagedkv_lab.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     RequestError,

@@ -32,11 +32,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ..llm import LLM, RequestOutput
-from ..sampling import SamplingParams
-from ..tokenizing import chat_prompts
-from .metrics import EngineSnapshot, ServerMetrics
-from .protocol import RequestError
+from pagedkv_lab.llm import LLM, RequestOutput
+from pagedkv_lab.sampling import SamplingParams
+from pagedkv_lab.serve.metrics import EngineSnapshot, ServerMetrics
+from pagedkv_lab.serve.protocol import RequestError
+from pagedkv_lab.tokenizing import chat_prompts
 
 logger = logging.getLogger("pagedkv_lab.serve")
 

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..sampling import Logprob, RequestOutputKind, SamplingParams
+from pagedkv_lab.sampling import Logprob, RequestOutputKind, SamplingParams
 
 # vLLM's default --max-logprobs.
 MAX_LOGPROBS = 20

@@ -7,7 +7,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from .plotting import COLORS, SERIES
+from pagedkv_lab.course.plotting import COLORS, SERIES
 
 #: The ladder's colours, one meaning each in every panel.
 MEASURED_KERNEL = SERIES[0]  # a kernel timed as CUDA-graph replays

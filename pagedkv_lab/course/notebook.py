@@ -14,13 +14,13 @@ import warnings
 import numpy as np
 import torch
 
-from .device import pick_device
-from .plotting import use_style
+from pagedkv_lab.course.plotting import use_style
+from pagedkv_lab.device import pick_device
 
 #: The mime prefix myst-nb's `glue` gives a value stored for the book but not shown.
 GLUE_PREFIX = "application/papermill.record/"
 #: Output metadata marking a line meant for live notebooks only; the book drops
-#: such outputs (`pagedkv_lab._sphinx`).
+#: such outputs (`pagedkv_lab.course._sphinx`).
 LIVE_ONLY = "pagedkv_lab_live_only"
 
 
@@ -89,3 +89,20 @@ def setup(seed: int = 0) -> torch.device:
     seed_everything(seed)
     use_style()
     return device
+
+
+def add_to_class(cls: type):
+    """Attach the decorated function to ``cls`` as a method (d2l's habit): a
+    chapter introduces a long class method by method, with prose between.
+
+    Only notebooks use it. The exporter (`pagedkv_lab._export`) writes each
+    such function into the class body of the shipped module instead, so the
+    library holds whole classes and patches nothing at run time. Put it
+    outermost, above ``@property`` or ``@staticmethod``."""
+
+    def attach(fn):
+        target = fn.fget if isinstance(fn, property) else getattr(fn, "__func__", fn)
+        setattr(cls, target.__name__, fn)
+        return fn
+
+    return attach

@@ -105,7 +105,7 @@ def plot_batching(
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    from .plotting import COLORS, SERIES, use_style
+    from pagedkv_lab.course.plotting import COLORS, SERIES, use_style
 
     use_style()
     n = len(prompt_lens)
@@ -148,7 +148,7 @@ def plot_step_times(runs: dict[str, dict], title: str):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .plotting import SERIES, use_style
+    from pagedkv_lab.course.plotting import SERIES, use_style
 
     use_style()
     fig, ax = plt.subplots(figsize=(8, 3.2))

@@ -1,7 +1,7 @@
 """The figures that explanations of PagedAttention repeat, each with its sources.
 
 One place for a claim's wording: `book/claims.md`'s table is generated from
-`CLAIMS` (``python -m pagedkv_lab.claims book/claims.md``; a test fails when the
+`CLAIMS` (``python -m pagedkv_lab.course.claims book/claims.md``; a test fails when the
 page disagrees), chapters 01-03 quote from it, and chapter 11 audits it. Each
 `Claim` has the course's one-line statement of it (as in the project's claims
 list) and the places it is stated, each `Quote` with the source's own words and
@@ -647,7 +647,7 @@ def traps_table() -> str:
         f"chapter{'s' * (len(chapters) > 1)} {_and(chapters)}. "
         f"{_count(printed).capitalize()} of them appear in the code\nthat the "
         "circulating explanations print; the table quotes that code, from the\n"
-        "same module (`pagedkv_lab.claims.TRAPS`):"
+        "same module (`pagedkv_lab.course.claims.TRAPS`):"
     )
     lines = [
         intro,
@@ -681,7 +681,7 @@ def render_index(page: str) -> str:
 
 
 def main(argv: list[str]) -> None:
-    """``python -m pagedkv_lab.claims book/claims.md``: rewrite the page's tables."""
+    """``python -m pagedkv_lab.course.claims book/claims.md``: rewrite the page's tables."""
     path = Path(argv[0] if argv else "book/claims.md")
     path.write_text(render_index(path.read_text()))
     print(f"wrote the claims and traps tables of {path}")

@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from .engine import SamplingParams, make_generator
-from .groups import BeamSearchParams
-from .llm import LLM
-from .workloads import SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT
+from pagedkv_lab.engine import SamplingParams, make_generator
+from pagedkv_lab.groups import BeamSearchParams
+from pagedkv_lab.llm import LLM
+from pagedkv_lab.sim.workloads import SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT
 
 
 def prompts_for(lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -43,7 +43,7 @@ def opt13b_pool_slots() -> int:
     """Token slots of the KV pool of the vLLM paper's OPT-13B runs: 12 GB of KV cache
     on one A100-40GB (Table 1) at 800 KB per token (§3: 2 x 5120 x 40 x 2 bytes),
     i.e. the table's "15.7K" slots."""
-    from .kvmath import KVSpec
+    from pagedkv_lab.kvmath import KVSpec
 
     opt13b = KVSpec(num_layers=40, num_kv_heads=40, head_dim=128, dtype_bytes=2)
     return 12 * 2**30 // opt13b.bytes_per_token
@@ -62,8 +62,8 @@ def reservation_runs(
 ) -> dict[str, list]:
     """Policy -> one `SimResult` per seed: W1 traces (``trace_args`` go to
     `chat_workload`) through a `ContiguousPool` of ``capacity`` slots."""
-    from .contiguous import ContiguousPool
-    from .workloads import chat_workload, simulate
+    from pagedkv_lab.sim.contiguous import ContiguousPool
+    from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     runs = {p: [] for p in policies}
     for seed in seeds:
@@ -164,8 +164,8 @@ def sigma_sweep(
     Returns ``({policy: (means, standard errors), one per sigma, over seeds},
     closed)`` (`mean_se`), where ``closed`` is `contiguous.max_reservation_share`
     per sigma, averaged over the same seeds' traces."""
-    from .contiguous import max_reservation_share
-    from .workloads import chat_workload
+    from pagedkv_lab.sim.contiguous import max_reservation_share
+    from pagedkv_lab.sim.workloads import chat_workload
 
     measured = {p: ([], []) for p in policies}
     closed = []
@@ -249,8 +249,8 @@ def sharing_saving(
 
 def _bytes_for_tokens(model, tokens: int) -> int:
     """KV bytes of ``tokens`` for an offline model name or a loaded pair."""
-    from .kvmath import KVSpec
-    from .models import offline_config
+    from pagedkv_lab.kvmath import KVSpec
+    from pagedkv_lab.models import offline_config
 
     if isinstance(model, str):
         return KVSpec.from_config(offline_config(model), torch.float32).bytes_for(
@@ -349,7 +349,7 @@ REQUEST_ORDERS = ("fcfs", "longest prefix first", "sorted")
 
 
 def _block_cache(kind: str, capacity_tokens: int, block_size: int):
-    from .prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
 
     policy = {"fifo": "fifo", "evict-all": "evict-all"}.get(kind, "lru")
     order = "head-first" if kind == "lru head-first" else "tail-first"
@@ -388,8 +388,8 @@ def prefix_cache_run(
     """
     from collections import deque
 
-    from .engine import SamplingParams, Sequence
-    from .prefix_cache import RadixCache
+    from pagedkv_lab.engine import SamplingParams, Sequence
+    from pagedkv_lab.prefix_cache import RadixCache
 
     waiting = list(requests)
     if order == "sorted":
@@ -486,8 +486,8 @@ def shared_prefix_memory(requests: list, block_size: int = 16) -> dict:
     """All ``requests`` running at once, their prompts' K/V in the pool: blocks
     with prefix caching (the shared prefix stored once; requests admitted one
     after another, so each finds the earlier ones' blocks) and without."""
-    from .engine import SamplingParams, Sequence
-    from .prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.engine import SamplingParams, Sequence
+    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
 
     need = sum(-(-len(r.prompt) // block_size) for r in requests)
     bm = PrefixCachingBlockManager(need, block_size)
@@ -507,7 +507,7 @@ def hash_cost(
 ) -> dict[str, float]:
     """Nanoseconds per token to compute a prompt's chained block keys, for
     Python's ``hash`` and hashlib digests (and xxhash when it is installed)."""
-    from .prefix_cache import chained_hash, digest_hash
+    from pagedkv_lab.prefix_cache import chained_hash, digest_hash
 
     fns = {"python hash": chained_hash}
     fns.update({name: digest_hash(name) for name in ("blake2b", "sha256")})
@@ -545,7 +545,7 @@ def hash_cost(
 def _engine_runner(model, num_blocks: int, block_size: int, max_model_len: int):
     """The runner `LLM` would use for ``model`` (chapter 05's fused one where the
     layout allows), so that timings compare like with like."""
-    from .fused import runner_class
+    from pagedkv_lab.fused import runner_class
 
     return runner_class(model)(model, num_blocks, block_size, max_model_len)
 
@@ -570,9 +570,9 @@ def copy_bandwidth(
     blocks moved at once, copying block by block and layer by layer (one small
     copy per block, layer and K/V) or batched (`CpuBlockPool.copy_out`: one
     gather and one transfer for all of them). GB/s counts the bytes moved."""
-    from .engine import PagedKVCache
-    from .models import load_model
-    from .preemption import CpuBlockPool
+    from pagedkv_lab.engine import PagedKVCache
+    from pagedkv_lab.models import load_model
+    from pagedkv_lab.preemption import CpuBlockPool
 
     loaded = load_model(model)[0] if isinstance(model, str) else model[0]
     top = max(block_counts)
@@ -614,10 +614,10 @@ def recompute_and_swap_seconds(
     """For a sequence of each length: seconds to recompute its K/V (one prefill
     forward pass of that many tokens) and to swap it out and back in (both
     batched copies), measured on this device."""
-    from .engine import SamplingParams, Sequence
-    from .models import load_model
-    from .paging import BlockAllocator, BlockTable
-    from .preemption import CpuBlockPool
+    from pagedkv_lab.engine import SamplingParams, Sequence
+    from pagedkv_lab.models import load_model
+    from pagedkv_lab.paging import BlockAllocator, BlockTable
+    from pagedkv_lab.preemption import CpuBlockPool
 
     pair = load_model(model, device=device) if isinstance(model, str) else model
     loaded = pair[0]
@@ -711,10 +711,10 @@ def static_vs_continuous(
 
     Returns the iterations (forward passes) and seconds of each, and the tokens
     generated (identical by construction: greedy, same model)."""
-    from .engine import Sequence, run_to_completion
-    from .kvmath import KVSpec
-    from .models import load_model
-    from .paging import BlockAllocator, BlockTable
+    from pagedkv_lab.engine import Sequence, run_to_completion
+    from pagedkv_lab.kvmath import KVSpec
+    from pagedkv_lab.models import load_model
+    from pagedkv_lab.paging import BlockAllocator, BlockTable
 
     pair = load_model(model, device=device) if isinstance(model, str) else model
     loaded = pair[0]
@@ -776,7 +776,7 @@ def per_block_softmax_errors(
     blocks' outputs summed or averaged."""
     import math
 
-    from .attention import merge_partial_attention
+    from pagedkv_lab.attention import merge_partial_attention
 
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(head_dim, dtype=torch.float64, generator=gen)
@@ -809,8 +809,8 @@ def unchained_key_trap(model="tiny-llama", block_size: int = 16) -> list[dict]:
     the block's own tokens and no verification, ``b`` is served ``a``'s K/V,
     computed after the wrong prefix. Returns, per key design, the tokens ``b``
     found cached and whether its greedy output is still correct."""
-    from .models import load_model
-    from .prefix_cache import PrefixCachingBlockManager, chained_hash
+    from pagedkv_lab.models import load_model
+    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager, chained_hash
 
     pair = load_model(model) if isinstance(model, str) else model
     per_token = _bytes_for_tokens(pair, 1)
@@ -843,7 +843,7 @@ def unchained_key_trap(model="tiny-llama", block_size: int = 16) -> list[dict]:
 
 
 def _eager_registration_class():
-    from .prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
 
     class EagerRegistration(PrefixCachingBlockManager):
         """The trap: take and register all of a prompt's blocks at admission,
@@ -868,8 +868,8 @@ def early_registration_trap(
     admission serves it K/V never computed; registering only computed blocks
     (the library's) does not. Returns, per design, the tokens found cached and
     whether the output is correct."""
-    from .models import load_model
-    from .prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.models import load_model
+    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
 
     pair = load_model(model) if isinstance(model, str) else model
     memory = 256 * block_size * _bytes_for_tokens(pair, 1)
@@ -905,8 +905,8 @@ def eviction_order_trap() -> dict[str, list[tuple[int, ...]]]:
     so it is the most recently used; then one block must be evicted. Returns the
     tokens of the blocks still cached under each policy: true LRU keeps ``a``,
     the dictionary-walking "LRU" (``policy="fifo"``) evicts it."""
-    from .engine import Sequence
-    from .prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.engine import Sequence
+    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
 
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     kept = {}

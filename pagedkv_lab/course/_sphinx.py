@@ -1,6 +1,6 @@
 """A Sphinx extension for the book: drop the notebook outputs meant for live readers.
 
-`pagedkv_lab.notebook.glue` shows each glued value under its cell as
+`pagedkv_lab.course.notebook.glue` shows each glued value under its cell as
 ``name = value`` so that a live notebook, where ``{glue:text}`` roles stay raw,
 still tells the reader the number. On the site the roles render, so those lines
 are removed before myst-nb reads the notebook (Sphinx's ``source-read`` event
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from .notebook import LIVE_ONLY
+from pagedkv_lab.course.notebook import LIVE_ONLY
 
 
 def drop_live_only_outputs(text: str) -> str:

@@ -12,7 +12,7 @@ from functools import lru_cache
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from .plotting import (
+from pagedkv_lab.course.plotting import (
     COLORS,
     HATCHES,
     REQUEST_COLORS,
@@ -139,8 +139,8 @@ def contiguous_trace_frames(
     Returns ``(capacity, frames)``; each frame is ``(step, segments, stats)`` with
     ``stats`` the running/waiting counts and the pool fractions at that step.
     """
-    from .contiguous import ContiguousPool
-    from .workloads import chat_workload, simulate
+    from pagedkv_lab.sim.contiguous import ContiguousPool
+    from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     requests = chat_workload(
         num_requests, seed=seed, arrival_rate=arrival_rate, max_model_len=max_model_len
@@ -231,8 +231,8 @@ def paged_trace_frames(
     ``tables`` maps request id -> its block table, the allocator's own list of
     physical blocks in logical order.
     """
-    from .paging import PagedPool
-    from .workloads import chat_workload, simulate
+    from pagedkv_lab.paging import PagedPool
+    from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     requests = chat_workload(
         num_requests,
@@ -670,8 +670,8 @@ def trace_beam_search(
     """
     import torch
 
-    from .groups import BeamSearchGroup, BeamSearchParams
-    from .llm import LLM, RequestMetrics
+    from pagedkv_lab.groups import BeamSearchGroup, BeamSearchParams
+    from pagedkv_lab.llm import LLM, RequestMetrics
 
     class Tracer(LLM):
         """An `LLM` that snapshots the block tables at each forward pass."""
@@ -829,7 +829,7 @@ def trace_prefix_cache(
     block's state: ``"used"`` (one holder), ``"shared"`` (several),
     ``"cached"`` (free but keeping its K/V for a hit) or ``"free"``; with the
     request's hit tokens and the evictions so far."""
-    from .experiments import prefix_cache_run
+    from pagedkv_lab.course.experiments import prefix_cache_run
 
     frames = []
 
@@ -934,13 +934,13 @@ def trace_preemption(
     The pools hold exactly ``num_blocks`` and ``swap_blocks`` blocks whatever
     dtype the device loads the model in (float32 on a CPU, 16 bits on a GPU):
     the budgets are computed from the loaded model's K/V bytes per token."""
-    from .device import pick_device
-    from .engine import SamplingParams
-    from .experiments import prompts_for
-    from .kvmath import KVSpec
-    from .llm import LLM, default_dtype
-    from .models import load_model
-    from .workloads import chat_workload
+    from pagedkv_lab.course.experiments import prompts_for
+    from pagedkv_lab.device import pick_device
+    from pagedkv_lab.engine import SamplingParams
+    from pagedkv_lab.kvmath import KVSpec
+    from pagedkv_lab.llm import LLM, default_dtype
+    from pagedkv_lab.models import load_model
+    from pagedkv_lab.sim.workloads import chat_workload
 
     reqs = chat_workload(
         num_requests, seed=seed, max_model_len=160, mean_prompt=40, mean_output=60

@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-from .plotting import SERIES, use_style
+from pagedkv_lab.course.plotting import SERIES, use_style
 
 #: The verdicts, in the order the chapter lists them, and one colour each.
 VERDICT_COLORS = {

@@ -19,7 +19,7 @@ def report_dir(machine: str) -> Path:
     ``"cpu"``): ``book/reports/<machine>`` beside the package in a clone, else
     the copy a pip install ships. Where neither has it, the clone's path, which
     then does not exist (callers check ``.exists()``)."""
-    clone = Path(__file__).resolve().parent.parent / "book" / "reports" / machine
+    clone = Path(__file__).resolve().parents[2] / "book" / "reports" / machine
     if clone.is_dir():
         return clone
     try:

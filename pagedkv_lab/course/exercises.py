@@ -105,8 +105,8 @@ def check_cache_bytes_per_token(fn: Callable) -> bool:
     """``fn(name) -> int``: bytes per cached token, measured on an offline model."""
     import torch
 
-    from .kvmath import KVSpec
-    from .models import load_model
+    from pagedkv_lab.kvmath import KVSpec
+    from pagedkv_lab.models import load_model
 
     if _not_attempted("cache_bytes_per_token", fn, ("tiny-llama",)):
         return False
@@ -178,7 +178,12 @@ def check_max_requests(fn: Callable) -> bool:
 def check_longest_request(fn: Callable) -> bool:
     """``fn(config, gpu_bytes, kv_dtype_bytes) -> int``: tokens of the longest single
     request whose KV cache fits next to the fp16 weights."""
-    from .kvmath import KVSpec, gpu_memory_bytes, kv_budget, real_model_configs
+    from pagedkv_lab.kvmath import (
+        KVSpec,
+        gpu_memory_bytes,
+        kv_budget,
+        real_model_configs,
+    )
 
     configs, gpus = real_model_configs(), gpu_memory_bytes()
 
@@ -255,8 +260,8 @@ def check_external_fragmentation(fn: Callable) -> bool:
 
 
 def _pool_shares_reference(extra_slots: int) -> tuple[float, float]:
-    from .contiguous import ContiguousPool
-    from .workloads import chat_workload, simulate
+    from pagedkv_lab.sim.contiguous import ContiguousPool
+    from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     trace = chat_workload(400, seed=0, arrival_rate=1.0, max_model_len=2048)
     pool = ContiguousPool(16 * 2048 + extra_slots, 2048, policy="max")
@@ -347,8 +352,8 @@ def check_tail_waste(fn: Callable) -> bool:
 
 
 def _preemptions_reference(watermark: float) -> int:
-    from .paging import PagedPool
-    from .workloads import chat_workload, simulate
+    from pagedkv_lab.paging import PagedPool
+    from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     trace = chat_workload(150, seed=0, arrival_rate=1.0, max_model_len=2048)
     return simulate(trace, PagedPool(512, 16, 2048, watermark=watermark)).preemptions
@@ -563,9 +568,9 @@ def check_continuous_steps(fn: Callable) -> bool:
 def _demo_preemptions(watermark: float) -> int:
     """Chapter 06's scheduler demo, without the model: with EOS ignored the
     schedule does not depend on which tokens are sampled."""
-    from .block_manager import BlockManager
-    from .engine import SamplingParams, Sequence
-    from .scheduler import Scheduler, SequenceGroup
+    from pagedkv_lab.block_manager import BlockManager
+    from pagedkv_lab.engine import SamplingParams, Sequence
+    from pagedkv_lab.scheduler import Scheduler, SequenceGroup
 
     sched = Scheduler(
         BlockManager(10, 4), max_model_len=2048, max_num_seqs=4, watermark=watermark
@@ -603,8 +608,8 @@ def check_demo_preemptions(fn: Callable) -> bool:
 def _fork_and_write(prompt_len: int, n: int, k: int, block_size: int):
     """Drive a real BlockManager: allocate a prompt, fork it n - 1 times, then
     let every sequence append k tokens. Returns (blocks held, copies made)."""
-    from .block_manager import BlockManager
-    from .engine import SamplingParams, Sequence
+    from pagedkv_lab.block_manager import BlockManager
+    from pagedkv_lab.engine import SamplingParams, Sequence
 
     bm = BlockManager(4 * n * (prompt_len + k) // block_size + 8, block_size)
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
@@ -687,7 +692,7 @@ def check_unshared_blocks(fn: Callable) -> bool:
 
 def check_block_keys(fn: Callable) -> bool:
     """``fn(tokens, block_size) -> list[int]``: chained keys of full blocks."""
-    from .prefix_cache import chained_hash
+    from pagedkv_lab.prefix_cache import chained_hash
 
     def reference(tokens, bs):
         keys, key = [], None
@@ -731,7 +736,7 @@ def check_max_cached_tokens(fn: Callable) -> bool:
 
 
 def _smallest_capacity(requests, target: float) -> int:
-    from .experiments import prefix_cache_run
+    from pagedkv_lab.course.experiments import prefix_cache_run
 
     top = sum(-(-len(r.prompt + r.output) // 16) for r in requests)
     low = 5 * max(-(-len(r.prompt + r.output) // 16) for r in requests)
@@ -743,7 +748,7 @@ def _smallest_capacity(requests, target: float) -> int:
 
 def check_smallest_capacity(fn: Callable) -> bool:
     """``fn(requests, target) -> int``: smallest capacity reaching a hit rate."""
-    from .workloads import multi_turn_workload, system_prompt_workload
+    from pagedkv_lab.sim.workloads import multi_turn_workload, system_prompt_workload
 
     chat = multi_turn_workload(4, 3, system_len=32, seed=1)
     system = system_prompt_workload(12, system_len=96, seed=2)

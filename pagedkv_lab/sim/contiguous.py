@@ -12,8 +12,8 @@ import torch
 from transformers import Cache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
-from .kvmath import head_dim_of
-from .workloads import Request
+from pagedkv_lab.kvmath import head_dim_of
+from pagedkv_lab.sim.workloads import Request
 
 
 class OutOfMemoryError(RuntimeError):
@@ -30,6 +30,7 @@ class Region:
     @property
     def end(self) -> int:
         return self.start + self.length
+
 
 class RegionMap:
     """The bookkeeping half of a contiguous allocator: the regions handed out,
@@ -67,6 +68,7 @@ class RegionMap:
     def size_for(self, n: int) -> int:
         """Slots a request for ``n`` takes: ``n`` here (a buddy allocator rounds up)."""
         return n
+
 
 class ContiguousAllocator(RegionMap):
     """Hands out contiguous regions: ``fit="first"`` takes the lowest-addressed gap
@@ -122,6 +124,7 @@ class ContiguousAllocator(RegionMap):
                 f"{owner!r} holds no region: never allocated, or already freed"
             )
         del self.regions[owner]
+
 
 def next_pow2(n: int) -> int:
     """The smallest power of two that is at least ``n`` (``n >= 1``)."""
@@ -181,6 +184,7 @@ class BuddyBlocks(ContiguousAllocator):
     def can_allocate(self, n: int) -> bool:
         return self._smallest_free((n - 1).bit_length()) is not None
 
+
 class BuddyAllocator(BuddyBlocks):
     """A binary buddy allocator (Knowlton 1965): `BuddyBlocks` plus merging.
 
@@ -208,6 +212,7 @@ def make_allocator(num_slots: int, fit: str = "first") -> ContiguousAllocator:
         return BuddyAllocator(num_slots)
     return ContiguousAllocator(num_slots, fit)
 
+
 def reservation(req: Request, policy: str, max_model_len: int) -> int:
     """Token slots reserved for ``req`` at admission under ``policy``.
 
@@ -224,6 +229,7 @@ def reservation(req: Request, policy: str, max_model_len: int) -> int:
     raise ValueError(
         f"unknown reservation policy {policy!r}; use 'max', 'pow2' or 'oracle'"
     )
+
 
 def pool_segments(
     layout: list[tuple[int, int, int, int, int]],
@@ -269,8 +275,9 @@ def pool_segments(
                 segments.append((start + a, b - a, state))
     return sorted(segments)
 
+
 class ReservingPool:
-    """A ``MemoryPool`` (see ``pagedkv_lab.workloads``) that reserves one contiguous
+    """A ``MemoryPool`` (see ``pagedkv_lab.sim.workloads``) that reserves one contiguous
     region per request at admission, sized by a reservation ``policy``, from a
     first-fit, best-fit or buddy (``fit="buddy"``) allocator."""
 
@@ -314,6 +321,7 @@ class ReservingPool:
     def release(self, req: Request) -> None:
         self.allocator.free(req.id)
         del self.final_len[req.id], self.asked[req.id]
+
 
 class ContiguousPool(ReservingPool):
     """`ReservingPool` with the accounting the simulator records each step."""
@@ -359,6 +367,7 @@ class ContiguousPool(ReservingPool):
             self.layout(), held, self.capacity, blocked=self._blocked(waiting_head)
         )
 
+
 def max_reservation_share(
     requests: list[Request], max_model_len: int, capacity: int
 ) -> float:
@@ -373,6 +382,7 @@ def max_reservation_share(
     o = np.array([r.output_len for r in requests], dtype=float)
     held = (p * o + o * (o + 1) / 2).sum() / o.sum()
     return float((capacity // max_model_len) * held / capacity)
+
 
 class ContiguousKVTensors:
     """The storage of a real contiguous KV cache: one K and one V tensor per layer,
@@ -410,6 +420,7 @@ class ContiguousKVTensors:
     def bytes_reserved(self) -> int:
         reserved = self.allocator.num_slots - self.allocator.num_free
         return reserved * self.bytes_per_slot
+
 
 class _RegionLayer(DynamicLayer):
     """One layer's K/V for one request, in that request's region of the shared
@@ -455,6 +466,7 @@ class _RegionLayer(DynamicLayer):
     def get_max_length(self) -> int:
         return self._k.shape[1]
 
+
 class ContiguousKVCache(ContiguousKVTensors):
     """A real KV cache carved into per-request contiguous regions: `reserve` gives
     a request a region and returns the ``transformers.Cache`` to pass to the model
@@ -488,6 +500,7 @@ class ContiguousKVCache(ContiguousKVTensors):
     def bytes_used(self) -> int:
         held = sum(self.tokens_held(owner) for owner in self._caches)
         return held * self.bytes_per_slot
+
 
 class GrowingPool(ContiguousPool):
     """Reserve the next power of two above what a request holds and double its

@@ -1,0 +1,1 @@
+"""course: see pagedkv_lab/__init__.py."""

@@ -1,0 +1,1 @@
+"""sim: see pagedkv_lab/__init__.py."""
