@@ -15,7 +15,8 @@ is written into the class body instead, replacing a method of the same name or
 appended after the class's last one, without the decorator. The shipped module
 therefore holds ordinary classes, and patches nothing at run time.
 
-Imports that a module's later cells add are moved up to its import block.
+Imports that a module's later cells add are moved up to its import block
+(an import from the module itself is dropped).
 Run ``python -m pagedkv_lab._export`` (or ``make export``) after editing a
 notebook; ``tests/test_sync.py`` fails when a module and its notebooks disagree.
 """
@@ -212,8 +213,10 @@ def _sort_imports(text: str, path: Path) -> str:
     return done.stdout if done.stdout.strip() else text
 
 
-def assemble(pieces: list[Piece], path: Path) -> str:
-    """The text of one generated module from its exported cells."""
+def assemble(pieces: list[Piece], path: Path, module: str | None = None) -> str:
+    """The text of one generated module from its exported cells. A later
+    cell's import from ``module`` itself (which a notebook needs for names an
+    earlier chapter defined) is dropped: the module defines them."""
     notebooks = list(dict.fromkeys(f"notebooks/{p.notebook.name}" for p in pieces))
     chunks: list[str] = []
     hoisted: list[str] = []
@@ -226,7 +229,8 @@ def assemble(pieces: list[Piece], path: Path) -> str:
             # the module's first cell keeps its layout: docstring, imports, code
             chunks.append(piece.source.strip("\n"))
             continue
-        hoisted += imports
+        own = f"from pagedkv_lab.{module} import"
+        hoisted += [i for i in imports if not (module and i.startswith(own))]
         chunks += code
         methods += [(m, piece.notebook.name) for m in found]
     text = "\n\n\n".join(c for c in chunks if c)
@@ -251,7 +255,7 @@ def export_all(lib: Path = LIB, notebooks: Path = NOTEBOOKS) -> list[Path]:
     for module, pieces in exported_pieces(notebooks).items():
         target = module_path(module, lib)
         target.parent.mkdir(parents=True, exist_ok=True)
-        text = assemble(pieces, module_path(module, LIB))
+        text = assemble(pieces, module_path(module, LIB), module)
         compile(text, str(target), "exec")  # a syntax error names the module
         target.write_text(text)
         written.append(target)

@@ -17,8 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from pagedkv_lab.device import gpu_spec
-from pagedkv_lab.engine import PagedKVCache, _check_int
-from pagedkv_lab.sampling_params import refuse_unsupported
+from pagedkv_lab.engine.block_manager import BlockManager
+from pagedkv_lab.engine.core import EngineCore, EngineStats
+from pagedkv_lab.engine.kv_cache import PagedKVCache
+from pagedkv_lab.engine.model_runner import ModelRunner
+from pagedkv_lab.engine.scheduler import Scheduler
+from pagedkv_lab.engine.swap import SwapSpace
+from pagedkv_lab.input_processor import Limits
+from pagedkv_lab.sampling_params import check_bool, check_int, refuse_unsupported
 
 #: vLLM's engine settings this library does not have, and why (or what to use).
 UNSUPPORTED_ARGS: dict[str, str] = {
@@ -71,16 +77,7 @@ def parse_dtype(dtype) -> torch.dtype | None:
 
 def as_seed(name: str, value, none_ok: bool = False) -> int | None:
     """A seed as a Python int (NumPy integers too), or a ValueError naming it."""
-    if value is None and none_ok:
-        return None
-    _check_int(name, value, 0)
-    return int(value)
-
-
-def _check_bool(name: str, value, none_ok: bool = False) -> None:
-    if not (isinstance(value, bool) or (none_ok and value is None)):
-        allowed = "None, True or False" if none_ok else "True or False"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return check_int(name, value, 0, none_ok=none_ok)
 
 
 @dataclass
@@ -148,13 +145,15 @@ class EngineArgs:
         return super().__new__(cls)
 
     def __post_init__(self):
-        _check_int("block_size", self.block_size, 1)
-        _check_int("max_num_seqs", self.max_num_seqs, 1)
-        _check_int("max_model_len", self.max_model_len, 1, none_ok=True)
-        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1, True)
-        _check_bool("fused_forward", self.fused_forward, none_ok=True)
-        _check_bool("enforce_eager", self.enforce_eager)
-        _check_bool("async_scheduling", self.async_scheduling, none_ok=True)
+        self.block_size = check_int("block_size", self.block_size, 1)
+        self.max_num_seqs = check_int("max_num_seqs", self.max_num_seqs, 1)
+        self.max_model_len = check_int("max_model_len", self.max_model_len, 1, none_ok=True)
+        self.max_num_batched_tokens = check_int(
+            "max_num_batched_tokens", self.max_num_batched_tokens, 1, none_ok=True
+        )
+        check_bool("fused_forward", self.fused_forward, none_ok=True)
+        check_bool("enforce_eager", self.enforce_eager)
+        check_bool("async_scheduling", self.async_scheduling, none_ok=True)
         self.seed = as_seed("seed", self.seed, none_ok=True)
         self.weights_seed = as_seed("weights_seed", self.weights_seed)
         self.dtype = parse_dtype(self.dtype)
@@ -291,34 +290,76 @@ class EngineArgs:
             )
         return num_blocks, self.max_model_len
 
-    # -- building the engine's parts ---------------------------------------------
+    # -- building the engine ------------------------------------------------------
 
-    def build_runner(self, model, num_blocks: int, max_model_len: int):
-        """Chapter 05's runner: fused where the layout allows it (replaying CUDA
-        graphs on a GPU unless ``enforce_eager``), the model's own layers else."""
-        from pagedkv_lab.fused import FusedModelRunner, runner_class
-        from pagedkv_lab.graphs import GraphedModelRunner
-
-        runner = runner_class(model, self.fused_forward)
-        cuda = next(model.parameters()).device.type == "cuda"
-        if runner is FusedModelRunner and cuda and not self.enforce_eager:
-            return GraphedModelRunner(
-                model, num_blocks, self.block_size, max_model_len, self.max_num_seqs
+    def build_block_manager(self, num_blocks: int) -> BlockManager:
+        """The given block manager (checked against the pool), or the library's,
+        with prefix caching if asked (chapter 08)."""
+        bm = self.block_manager
+        if bm is None:
+            return BlockManager(num_blocks, self.block_size,
+                                enable_caching=self.enable_prefix_caching)  # fmt: skip
+        if (bm.num_blocks, bm.block_size) != (num_blocks, self.block_size):
+            raise ValueError(
+                f"block_manager has {bm.num_blocks} blocks of {bm.block_size}; "
+                f"the pool has {num_blocks} of {self.block_size}"
             )
-        return runner(model, num_blocks, self.block_size, max_model_len)
+        return bm
+
+    def swap_blocks(self, model, num_blocks: int) -> int:
+        """Host blocks of the swap space (``preemption_mode="swap"``: chapter 09)."""
+        if self.preemption_mode != "swap":
+            if self.swap_space:
+                raise ValueError("swap_space is only used with preemption_mode='swap'")
+            return 0
+        space = check_int("swap_space", self.swap_space, 1)
+        dtype = next(model.parameters()).dtype
+        blocks = PagedKVCache.blocks_for_budget(model.config, space, self.block_size, dtype)
+        if blocks < 1:
+            raise ValueError(f"swap space needs at least one block, got {blocks}")
+        return blocks
+
+    def build_engine(self, model, num_blocks: int, max_model_len: int,
+                     eos_token_ids) -> EngineCore:  # fmt: skip
+        """The engine core: a scheduler over a block manager, a model runner
+        that owns the KV cache, both sized for ``num_blocks`` blocks."""
+        swap_blocks = self.swap_blocks(model, num_blocks)
+        if self.fused_forward:
+            from pagedkv_lab.engine.fused import fused_unsupported_reason
+
+            reason = fused_unsupported_reason(model)
+            if reason:
+                raise ValueError(f"fused_forward=True, but {reason}")
+        runner = ModelRunner(model, num_blocks, self.block_size, max_model_len,
+                             fused=self.fused_forward, enforce_eager=self.enforce_eager,
+                             max_num_seqs=self.max_num_seqs, swap_blocks=swap_blocks,
+                             eos_token_ids=eos_token_ids)  # fmt: skip
+        block_manager = self.build_block_manager(num_blocks)
+        scheduler = Scheduler(
+            block_manager, max_model_len=max_model_len, max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens or max(4096, max_model_len),
+            watermark=self.watermark, eos_token_ids=eos_token_ids, victim=self.victim,
+            reserve_tokens=max_model_len if self.reserve_max_len else 0,
+            swap_space=SwapSpace(swap_blocks, self.block_size) if swap_blocks else None,
+        )  # fmt: skip
+        stats = EngineStats(num_blocks, self.block_size)
+        return EngineCore(scheduler, runner, stats,
+                          self.use_async_scheduling(runner, block_manager))  # fmt: skip
+
+    def limits(self, model, engine: EngineCore) -> Limits:
+        """What `InputProcessor` checks every request against."""
+        sched, bm = engine.scheduler, engine.scheduler.block_manager
+        return Limits(model.config.vocab_size, sched.max_model_len, sched.max_num_seqs,
+                      sched.max_num_batched_tokens, bm.block_size, bm.num_blocks,
+                      sched.reserve_tokens)  # fmt: skip
 
     def use_async_scheduling(self, runner, block_manager) -> bool:
         """Whether the engine schedules a step ahead (``async_scheduling``).
 
         By default (None) on with a CUDA device, off on a CPU, as vLLM's
         default since 0.14 (its CPU backend excluded): on a GPU the host plans
-        step N+1 while the device runs step N. The CUDA test against the
-        synchronous loop (``tests/test_gpu.py``) passed on the committed H100
-        run, which also timed nano-vllm's benchmark 28% to 34% faster this way
-        (``book/reports/h100/run_20261126``: one run each, synchronous first,
-        an earlier engine, so not separated from a warmer second run; the GPU
-        check times both again). On a CPU the host runs the forward pass
-        itself, so there is nothing to overlap. Refused with a
+        step N+1 while the device runs step N; on a CPU the host runs the
+        forward pass itself, so there is nothing to overlap. Refused with a
         block manager that registers blocks for the prefix cache when they are
         scheduled (it would key a block by tokens the host does not have yet):
         an error if asked for, off if by default."""
@@ -333,55 +374,6 @@ class EngineArgs:
                 )
             return False
         return wanted
-
-    def build_block_manager(self, num_blocks: int):
-        """The given block manager (checked against the pool), chapter 08's with
-        prefix caching, or chapter 07's."""
-        from pagedkv_lab.block_manager import BlockManager
-
-        bm = self.block_manager
-        if bm is not None:
-            if (bm.num_blocks, bm.block_size) != (num_blocks, self.block_size):
-                raise ValueError(
-                    f"block_manager has {bm.num_blocks} blocks of {bm.block_size}; "
-                    f"the pool has {num_blocks} of {self.block_size}"
-                )
-            return bm
-        if self.enable_prefix_caching:
-            from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
-
-            return PrefixCachingBlockManager(num_blocks, self.block_size)
-        return BlockManager(num_blocks, self.block_size)
-
-    def build_scheduler(self, block_manager, kv_cache, max_model_len: int):
-        """``(scheduler, swap_space)``: chapter 06's scheduler, or chapter 09's
-        with a victim policy and, for ``preemption_mode="swap"``, a CPU pool of
-        ``swap_space`` bytes (else None)."""
-        from pagedkv_lab.scheduler import Scheduler
-
-        settings = dict(
-            max_model_len=max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens
-            or max(4096, max_model_len),
-            reserve_tokens=max_model_len if self.reserve_max_len else 0,
-            watermark=self.watermark,
-        )
-        mode, space = self.preemption_mode, self.swap_space
-        if mode == "recompute" and self.victim == "newest" and not space:
-            return Scheduler(block_manager, **settings), None
-        from pagedkv_lab.preemption import PreemptionScheduler, SwapSpace
-
-        swap = None
-        if mode == "swap":
-            _check_int("swap_space", space, 1)
-            swap = SwapSpace(kv_cache, space // (kv_cache.nbytes // kv_cache.num_blocks))
-        elif space:
-            raise ValueError("swap_space is only used with preemption_mode='swap'")
-        scheduler = PreemptionScheduler(
-            block_manager, swap_space=swap, victim=self.victim, **settings
-        )
-        return scheduler, swap
 
 
 def profile_kv_budget(model, fraction: float, num_tokens: int, device) -> int:

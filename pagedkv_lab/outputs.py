@@ -112,3 +112,25 @@ class RequestOutput:
     @property
     def finish_reason(self) -> str | None:
         return self.outputs[0].finish_reason
+
+
+@dataclass
+class BeamSearchSequence:
+    """One finished hypothesis of a beam search: generated tokens, their text
+    and scores (vLLM keeps it in ``vllm/beam_search.py``)."""
+
+    token_ids: list[int]
+    text: str
+    cum_logprob: float
+    score: float
+    finish_reason: str
+
+
+@dataclass
+class BeamSearchOutput:
+    """The result of one prompt's beam search (`LLM.beam_search`): its
+    ``sequences``, best first."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    sequences: list[BeamSearchSequence]

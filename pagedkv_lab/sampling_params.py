@@ -1,11 +1,9 @@
 """vLLM's sampling settings, `SamplingParams`, and what `LLMEngine.step`
 streams, `RequestOutputKind` (vLLM keeps both in ``vllm/sampling_params.py``).
 
-Chapter 05's `pagedkv_lab.engine.SamplingParams` has what the course needs
-(greedy, temperature, top-k, top-p, seeds, stop token ids). A user arriving
-from vLLM expects more; this class adds it without changing what the
-chapters' settings do (the sampler, `pagedkv_lab.sampling`, treats a request
-that asks for nothing new exactly as chapter 05 does).
+Chapter 05's sampler reads what the course needs (greedy, temperature, top-k,
+top-p, seeds, stop token ids); a user arriving from vLLM expects more, and
+the same class has it. Beam search takes `BeamSearchParams` instead.
 
 Definitions follow vLLM (v1):
 
@@ -40,7 +38,9 @@ import math
 import numbers
 from dataclasses import dataclass
 
-from pagedkv_lab.engine import SamplingParams as _ChapterSamplingParams
+#: Temperatures below this are treated as greedy: dividing logits by a smaller
+#: number overflows float32 (vLLM uses the same threshold).
+GREEDY_EPSILON = 1e-5
 
 #: Where a reader finds what is supported and what vLLM offers instead.
 SEE_ALSO = 'see "From pagedkv_lab to vLLM" (book/vllm.md), section "The settings"'
@@ -95,8 +95,8 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2
 
 
-def _int(name: str, value, low: int | None = None, none_ok: bool = False):
-    """``value`` as a Python int (NumPy integers included), or a ValueError."""
+def check_int(name: str, value, low: int | None = None, none_ok: bool = False):
+    """``value`` as a Python int (NumPy integers included), or a ValueError naming it."""
     if value is None and none_ok:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -107,7 +107,7 @@ def _int(name: str, value, low: int | None = None, none_ok: bool = False):
     return value
 
 
-def _float(name: str, value, low: float, high: float, low_open: bool = False):
+def check_float(name: str, value, low: float, high: float, low_open: bool = False):
     """``value`` as a Python float in [low, high] (``(low, high]`` with
     ``low_open``), or a ValueError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -121,14 +121,18 @@ def _float(name: str, value, low: float, high: float, low_open: bool = False):
     return value
 
 
-def _bool(name: str, value) -> bool:
+def check_bool(name: str, value, none_ok: bool = False) -> bool | None:
+    """``value`` if it is True or False (or None with ``none_ok``), else a ValueError."""
+    if value is None and none_ok:
+        return None
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        allowed = "None, True or False" if none_ok else "True or False"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
     return value
 
 
 @dataclass
-class SamplingParams(_ChapterSamplingParams):
+class SamplingParams:
     """How to pick tokens and when to stop, per request, with vLLM's names.
 
     Chapter 05's fields (``n``, ``temperature``, ``top_p``, ``top_k``,
@@ -148,7 +152,14 @@ class SamplingParams(_ChapterSamplingParams):
     ``guided_decoding``...) is a TypeError that lists the supported ones.
     """
 
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k cut
     max_tokens: int | None = 16
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
     min_tokens: int = 0
     min_p: float = 0.0
     presence_penalty: float = 0.0
@@ -174,22 +185,22 @@ class SamplingParams(_ChapterSamplingParams):
     def validate(self) -> None:
         """Check every field (ValueError naming it) and normalise: NumPy
         integers become ints, ``stop`` and ``stop_token_ids`` tuples."""
-        self.n = _int("n", self.n, 1)
-        self.temperature = _float("temperature", self.temperature, 0.0, math.inf)
-        self.top_p = _float("top_p", self.top_p, 0.0, 1.0, low_open=True)
-        self.top_k = _int("top_k", self.top_k, -1)
-        self.min_p = _float("min_p", self.min_p, 0.0, 1.0)
-        self.max_tokens = _int("max_tokens", self.max_tokens, 1, none_ok=True)
-        self.min_tokens = _int("min_tokens", self.min_tokens, 0)
+        self.n = check_int("n", self.n, 1)
+        self.temperature = check_float("temperature", self.temperature, 0.0, math.inf)
+        self.top_p = check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        self.top_k = check_int("top_k", self.top_k, -1)
+        self.min_p = check_float("min_p", self.min_p, 0.0, 1.0)
+        self.max_tokens = check_int("max_tokens", self.max_tokens, 1, none_ok=True)
+        self.min_tokens = check_int("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must not exceed max_tokens "
                 f"({self.max_tokens})"
             )
-        self.seed = _int("seed", self.seed, 0, none_ok=True)
+        self.seed = check_int("seed", self.seed, 0, none_ok=True)
         for name in ("presence_penalty", "frequency_penalty"):
-            setattr(self, name, _float(name, getattr(self, name), -2.0, 2.0))
-        self.repetition_penalty = _float(
+            setattr(self, name, check_float(name, getattr(self, name), -2.0, 2.0))
+        self.repetition_penalty = check_float(
             "repetition_penalty", self.repetition_penalty, 0.0, math.inf, True
         )
         ids = self.stop_token_ids
@@ -198,7 +209,7 @@ class SamplingParams(_ChapterSamplingParams):
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
             raise ValueError(f"stop_token_ids must be a list of token ids, got {ids!r}")
         self.stop_token_ids = tuple(
-            _int(f"stop_token_ids[{i}]", t, 0) for i, t in enumerate(ids)
+            check_int(f"stop_token_ids[{i}]", t, 0) for i, t in enumerate(ids)
         )
         stop = self.stop
         stop = () if stop is None else (stop,) if isinstance(stop, str) else stop
@@ -211,12 +222,12 @@ class SamplingParams(_ChapterSamplingParams):
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop[{i}] must be a non-empty string, got {s!r}")
         self.stop = stop
-        self.logprobs = _int("logprobs", self.logprobs, 0, none_ok=True)
-        self.prompt_logprobs = _int(
+        self.logprobs = check_int("logprobs", self.logprobs, 0, none_ok=True)
+        self.prompt_logprobs = check_int(
             "prompt_logprobs", self.prompt_logprobs, 0, none_ok=True
         )
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
-            _bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(
                 f"output_kind must be a RequestOutputKind, got {self.output_kind!r}"
@@ -230,16 +241,10 @@ class SamplingParams(_ChapterSamplingParams):
         new.validate()
         return new
 
-    @classmethod
-    def from_params(cls, params) -> SamplingParams:
-        """These parameters from chapter 05's `SamplingParams` (or a checked
-        copy of ours)."""
-        if isinstance(params, cls):
-            return params.clone()
-        if not isinstance(params, _ChapterSamplingParams):
-            raise ValueError(f"expected SamplingParams, got {params!r}")
-        base = dataclasses.fields(_ChapterSamplingParams)
-        return cls(**{f.name: getattr(params, f.name) for f in base})
+    @property
+    def greedy(self) -> bool:
+        """Whether the request takes the most likely token (temperature ~ 0)."""
+        return self.temperature < GREEDY_EPSILON
 
     @property
     def processes_logits(self) -> bool:
@@ -257,3 +262,44 @@ class SamplingParams(_ChapterSamplingParams):
         if not self.stop or self.include_stop_str_in_output:
             return 0
         return max(len(s) for s in self.stop) - 1
+
+
+#: transformers' three meanings of `early_stopping` (see `BeamSearchParams`).
+EARLY_STOPPING = (True, False, "never")
+
+
+@dataclass
+class BeamSearchParams:
+    """Beam search settings, with transformers' meanings (chapter 07).
+
+    The search equals ``model.generate(num_beams=beam_width, do_sample=False,
+    max_new_tokens=max_tokens, length_penalty=length_penalty,
+    early_stopping=early_stopping)``: at each step the ``2 * beam_width`` best
+    continuations of all beams are ranked by cumulative log-probability; those
+    ending in EOS among the first ``beam_width`` become finished hypotheses,
+    scored ``cum_logprob / generated_len ** length_penalty``; the best
+    ``beam_width`` others go on.
+    """
+
+    beam_width: int
+    max_tokens: int = 16
+    length_penalty: float = 1.0
+    ignore_eos: bool = False
+    early_stopping: bool | str = False
+
+    def __post_init__(self):
+        self.beam_width = check_int("beam_width", self.beam_width, 1)
+        self.max_tokens = check_int("max_tokens", self.max_tokens, 1)
+        self.length_penalty = check_float("length_penalty", self.length_penalty, -math.inf,
+                                     math.inf)  # fmt: skip
+        check_bool("ignore_eos", self.ignore_eos)
+        if self.early_stopping not in EARLY_STOPPING:
+            raise ValueError("early_stopping must be True, False or 'never'")
+
+    @property
+    def n(self) -> int:
+        return self.beam_width
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return ()

@@ -1,72 +1,12 @@
-"""Text around the engine: the incremental detokenizer, stop strings, chat
-templates and end-of-sequence ids.
-
-vLLM spreads these over ``vllm/v1/engine/detokenizer.py`` (incremental
-decoding and stop strings), ``vllm/entrypoints/chat_utils.py`` (chat
-templates) and its tokenizer helpers. The engine (`pagedkv_lab.llm`) works on
-token ids only; everything that turns them into text, or text into them, is
-here.
+"""Text into the engine: chat templates, end-of-sequence ids, what counts as a
+token id (vLLM keeps these in ``vllm/entrypoints/chat_utils.py`` and its
+tokenizer helpers). Text out of the engine, decoded as tokens arrive, is the
+output processor's (`pagedkv_lab.output_processor.IncrementalDetokenizer`).
 """
 
 from __future__ import annotations
 
 import numbers
-
-
-class IncrementalDetokenizer:
-    """The text of a sequence's output, decoded as its tokens arrive.
-
-    Each new token decodes a short window (the tokens since the last complete
-    piece of text) and the window without it: the difference is the new text.
-    A window that ends in an incomplete character (a byte-level token may be
-    half of one: "\ufffd") waits for the next token. The pieces concatenate to
-    ``tokenizer.decode(output)``; the cost per token is constant.
-    """
-
-    def __init__(self, tokenizer, skip_special_tokens: bool = True):
-        self.tokenizer, self.skip = tokenizer, skip_special_tokens
-        self.ids: list[int] = []
-        self.prefix_offset = self.read_offset = 0
-        self.text = ""
-        # Set when a stop string ended the text: nothing is added after it.
-        self.stopped = False
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip)
-
-    def add(self, token_ids: list[int]) -> None:
-        """Decode ``token_ids``, the next tokens of the output."""
-        for token in token_ids:
-            self.ids.append(token)
-            prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-            new = self._decode(self.ids[self.prefix_offset :])
-            if len(new) > len(prefix) and not new.endswith("\ufffd"):
-                self.text += new[len(prefix) :]
-                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-
-    def flush(self) -> None:
-        """At the end: add what an incomplete last character left waiting."""
-        if self.stopped or self.read_offset == len(self.ids):
-            return
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        self.text += self._decode(self.ids[self.prefix_offset :])[len(prefix) :]
-        self.read_offset = len(self.ids)
-
-    def stop_at(self, stops, before: int, include: bool) -> str | None:
-        """End the text at the earliest of ``stops`` that occurs in the new text
-        (characters from ``before`` on, with the overlap a string may have with
-        older text): before it, or after it with ``include``. Returns the stop
-        string found, or None."""
-        found = None
-        for s in stops:
-            at = self.text.find(s, max(0, before - len(s) + 1))
-            if at >= 0 and (found is None or at < found[0]):
-                found = (at, s)
-        if found is None:
-            return None
-        at, s = found
-        self.text, self.stopped = self.text[: at + len(s) if include else at], True
-        return s
 
 
 def chat_prompts(

@@ -22,7 +22,7 @@ device-to-device copy, bytes read plus written).
 
 For each of our systems ``results.json`` also holds the fused step as it ran:
 ``fused_step`` (GEMMs and concatenations per layer of one eager decode step,
-counted by `pagedkv_lab.fused.decode_step_ops`; the layer ops and projections in
+counted by `pagedkv_lab.bench.ops.decode_step_ops`; the layer ops and projections in
 use) and, with graphs, what capturing every bucket cost (``capture_s``,
 ``graph_pool_bytes``). ``--layer-ops torch`` runs the small steps in PyTorch
 instead of Triton (the step before the Triton layer ops), to measure them.
@@ -31,24 +31,24 @@ instead of Triton (the step before the Triton layer ops), to measure them.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from pagedkv_lab import LLM, SamplingParams
 from pagedkv_lab.bench.nanovllm import weight_bytes_per_step  # cpu_w1_floor.py too
+from pagedkv_lab.bench.ops import GEMM_OPS, decode_step_ops
 from pagedkv_lab.compare import compare_systems
 from pagedkv_lab.device import gpu_spec
-from pagedkv_lab.fused import GEMM_OPS, FusedModelRunner, LayerOps, decode_step_ops
+from pagedkv_lab.engine.fused import FusedModel
+from pagedkv_lab.engine.layer_ops import LayerOps
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.models import largest_real_shape, load_model
-from pagedkv_lab.sampling import RequestOutputKind
+from pagedkv_lab.sampling_params import RequestOutputKind
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
@@ -68,17 +68,16 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
 
 
 def fused_step(runner) -> dict:
-    """The fused step as ``runner`` (a `FusedModelRunner`, graphed or not) runs
-    it: one eager decode step counted (`decode_step_ops`, in the runner's own
-    cache before it serves anything), and the layer ops and projections in use."""
-    if not isinstance(runner, FusedModelRunner):
-        return {"runner": type(runner).__name__}
-    eager = SimpleNamespace(kv_cache=runner.kv_cache, block_size=runner.block_size,
-                            run=functools.partial(FusedModelRunner.run, runner))  # fmt: skip
-    counts = decode_step_ops(eager)
-    layers = len(runner.layers)
-    return {"runner": type(runner).__name__, "layer_ops": type(runner.ops).__name__,
-            "projections": type(runner.layers[0].qkv).__name__,
+    """The fused step as ``runner`` runs it (its forward a `FusedModel`, graphed
+    or not): one eager decode step counted (`decode_step_ops`, in the runner's
+    own cache before it serves anything), and the layer ops and projections in use."""
+    fused = runner.forward
+    if not isinstance(fused, FusedModel):
+        return {"runner": type(fused).__name__}
+    counts = decode_step_ops(runner)
+    layers = len(fused.layers)
+    return {"runner": type(fused).__name__, "layer_ops": type(fused.ops).__name__,
+            "projections": type(fused.layers[0].qkv).__name__,
             "gemms_per_layer": (sum(counts[op] for op in GEMM_OPS) - 1) / layers,
             "concats_per_layer": (counts["cat"] - 1) / layers}  # fmt: skip
 
@@ -91,16 +90,17 @@ def time_ours(model, tokenizer, prompts, new_tokens, kv_bytes, eager,
     extra = {"enforce_eager": True} if eager else {}
     llm = LLM((model, tokenizer), kv_cache_memory=kv_bytes,
               max_num_seqs=len(prompts), **extra)  # fmt: skip
-    if layer_ops == "torch" and isinstance(llm.runner, FusedModelRunner):
-        llm.runner.ops = LayerOps()  # before any graph is captured
+    if layer_ops == "torch" and isinstance(llm.runner.forward, FusedModel):
+        llm.runner.forward.ops = LayerOps()  # before any graph is captured
     info = {"fused_step": fused_step(llm.runner)}
-    if hasattr(llm.runner, "capture_all"):
+    graphs = llm.runner.graphs
+    if graphs is not None:
         torch.cuda.synchronize()
         reserved, t0 = torch.cuda.memory_reserved(), time.perf_counter()
-        llm.runner.capture_all()
+        graphs.capture_all()
         info["capture_s"] = time.perf_counter() - t0
         info["graph_pool_bytes"] = torch.cuda.memory_reserved() - reserved
-        info["graph_buckets"] = len(llm.runner.graphs)
+        info["graph_buckets"] = len(graphs.graphs)
     # as LLM.generate asks: outputs when a request finishes, not at every step
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True,
                             output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
@@ -152,8 +152,8 @@ def profile_ours(model, tokenizer, prompts, kv_bytes, out: Path, layer_ops) -> d
     from torch.profiler import ProfilerActivity, profile
 
     llm = LLM((model, tokenizer), kv_cache_memory=kv_bytes, max_num_seqs=len(prompts))
-    if layer_ops == "torch" and isinstance(llm.runner, FusedModelRunner):
-        llm.runner.ops = LayerOps()
+    if layer_ops == "torch" and isinstance(llm.runner.forward, FusedModel):
+        llm.runner.forward.ops = LayerOps()
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for p in prompts:
         llm.add_request(p, params)

@@ -40,12 +40,13 @@ import torch
 from pagedkv_lab import LLM, SamplingParams
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.models import load_model
-from pagedkv_lab.sampling import RequestOutputKind
+from pagedkv_lab.sampling_params import RequestOutputKind
 
-# The phases timed, where the engine has them (`EngineCore` method names).
-ENGINE_PHASES = ("_schedule", "_launch", "_sample", "_finish", "_update_stats")
-SCHEDULER_PHASES = ("schedule", "free_finished")
-RUNNER_PHASES = ("check_writes", "pack", "prepare")
+# The phases timed: the engine core's launch and finish, the scheduler's two
+# halves, the runner's inputs-and-forward and its sampler.
+CORE_PHASES = ("_launch_next", "_finish")
+SCHEDULER_PHASES = ("schedule", "postprocess")
+RUNNER_PHASES = ("logits", "sampler")
 
 
 def timed(phases: dict, obj, name: str) -> None:
@@ -101,7 +102,7 @@ def measure(n: int, length: int, steps: int, async_scheduling: bool = False,
     runner = llm.runner
     runner.forward = lambda step: logits[: len(step.logits_index)]
     phases: dict[str, list[float]] = {}
-    for obj, names in ((llm, ENGINE_PHASES), (llm.scheduler, SCHEDULER_PHASES),
+    for obj, names in ((llm.engine_core, CORE_PHASES), (llm.scheduler, SCHEDULER_PHASES),
                        (runner, RUNNER_PHASES)):  # fmt: skip
         for name in names:
             if hasattr(obj, name):

@@ -1,6 +1,6 @@
 """Solutions to chapter 03's exercises."""
 
-from pagedkv_lab.paging import PagedPool
+from pagedkv_lab.sim.paged import PagedPool
 from pagedkv_lab.sim.workloads import chat_workload, simulate
 
 

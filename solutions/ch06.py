@@ -22,9 +22,10 @@ def continuous_steps(output_lens: list[int], batch_size: int) -> int:
 def demo_preemptions(watermark: float) -> int:
     """Serve the demo's six requests without a model: with EOS ignored, which
     token is sampled does not change the schedule."""
-    from pagedkv_lab.block_manager import BlockManager
-    from pagedkv_lab.engine import SamplingParams, Sequence
-    from pagedkv_lab.scheduler import Scheduler, SequenceGroup
+    from pagedkv_lab.engine.block_manager import BlockManager
+    from pagedkv_lab.engine.scheduler import Scheduler
+    from pagedkv_lab.engine.sequence import Sequence, SequenceGroup
+    from pagedkv_lab.sampling_params import SamplingParams
 
     sched = Scheduler(
         BlockManager(10, 4), max_model_len=2048, max_num_seqs=4, watermark=watermark

@@ -1,7 +1,7 @@
 """Solutions to chapter 08's exercises."""
 
 from pagedkv_lab.course.experiments import prefix_cache_run
-from pagedkv_lab.prefix_cache import chained_hash
+from pagedkv_lab.engine.prefix_cache import chained_hash
 
 
 def block_keys(tokens: list[int], block_size: int) -> list[int]:

@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from pagedkv_lab import LLM, RequestOutputKind, SamplingParams
-from pagedkv_lab.engine import SamplingParams as ChapterSamplingParams
-from pagedkv_lab.llm import IncrementalDetokenizer
 from pagedkv_lab.models import build_tokenizer, load_model
+from pagedkv_lab.output_processor import IncrementalDetokenizer
 
 PROMPT = [1, 72, 101, 108, 108, 111, 35, 119]
 GREEDY = dict(temperature=0, ignore_eos=True)
@@ -50,8 +49,8 @@ def _one(llm, prompt, **params):
 
 def _assert_idle(llm):
     bm = llm.block_manager
-    assert not llm.scheduler.has_unfinished and not llm._requests
-    assert not llm._states and not llm._external_ids
+    assert not llm.scheduler.has_unfinished and not llm.output_processor.states
+    assert not llm.output_processor.states and not llm.output_processor.external_ids
     assert bm.num_free_blocks == bm.num_blocks
 
 
@@ -166,12 +165,12 @@ def test_max_tokens_none_runs_to_the_model_length(pair):
     assert len(out.token_ids) == 40 - len(PROMPT) and out.finish_reason == "length"
 
 
-def test_chapter_05_params_are_still_served_the_same(llm):
-    old = ChapterSamplingParams(temperature=0.9, top_p=0.8, max_tokens=8, seed=4)
-    new = SamplingParams(temperature=0.9, top_p=0.8, max_tokens=8, seed=4)
-    a = llm.generate([PROMPT], old, use_tqdm=False)[0]
-    b = llm.generate([PROMPT], new, use_tqdm=False)[0]
-    assert a.token_ids == b.token_ids
+def test_one_sampling_params_class():
+    """One `SamplingParams` for the chapters, the engine and the server."""
+    import pagedkv_lab.sampling_params as sp
+
+    classes = [c for c in vars(sp).values() if isinstance(c, type) and "Sampling" in c.__name__]
+    assert classes == [SamplingParams]
 
 
 # Penalties, min_tokens, min_p, stop strings against transformers -----------------

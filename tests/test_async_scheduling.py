@@ -13,9 +13,9 @@ import torch
 from reference import greedy_alone
 
 from pagedkv_lab import LLM, RequestOutputKind, SamplingParams
-from pagedkv_lab.groups import BeamSearchParams
+from pagedkv_lab.engine.sampler import SampledTokens
 from pagedkv_lab.models import load_model
-from pagedkv_lab.sampling import SampledTokens
+from pagedkv_lab.sampling_params import BeamSearchParams
 
 MODEL, TOKENIZER = load_model("tiny-llama")
 BYTES_PER_TOKEN = 512  # tiny-llama, fp32
@@ -68,9 +68,9 @@ def _both(prompts, params, **kw) -> tuple[list, list, LLM]:
     for mode in (False, True):
         llm = _llm(mode, **kw)
         outs = llm.generate(prompts, params, use_tqdm=False)
-        assert not llm.has_unfinished_requests() and llm._inflight is None
+        assert not llm.has_unfinished_requests() and llm.engine_core.inflight is None
         bm = llm.block_manager
-        assert bm.num_free_blocks == bm.num_blocks and not llm._requests
+        assert bm.num_free_blocks == bm.num_blocks and not llm.output_processor.states
         results.append(outs)
     return results[0], results[1], llm
 
@@ -220,8 +220,8 @@ def test_a_request_aborted_while_its_next_step_is_in_flight():
     llm = _llm(True)
     ids = _decoding(llm, PROMPTS[:3], _greedy(12))
     llm.step()
-    victim = next(g for g in llm.scheduler.running if g.request_id == llm._internal_id("r1"))
-    assert victim.seqs[0] in llm._inflight.plan.seqs, "its next step is in flight"
+    victim = next(g for g in llm.scheduler.running if g.request_id == llm.output_processor.internal_id("r1"))
+    assert victim.seqs[0] in llm.engine_core.inflight.plan.seqs, "its next step is in flight"
     assert victim.seqs[0].num_pending == 1
     out = llm.abort("r1")
     assert out.finish_reason == "abort" and out.outputs[0].token_ids == (
@@ -233,7 +233,7 @@ def test_a_request_aborted_while_its_next_step_is_in_flight():
         if rid != "r1":
             assert outs[rid].outputs[0].token_ids == greedy_alone(MODEL, prompt, 12)
     bm = llm.block_manager
-    assert bm.num_free_blocks == bm.num_blocks and llm._inflight is None
+    assert bm.num_free_blocks == bm.num_blocks and llm.engine_core.inflight is None
 
 
 def test_a_sequence_that_stops_on_the_step_whose_successor_was_prepared():
@@ -263,16 +263,16 @@ def test_a_forward_fault_while_a_step_is_in_flight_fails_only_its_request():
     llm = _llm(True)
     ids = _decoding(llm, PROMPTS[:3], _greedy(10))
     llm.step()
-    bad = next(g for g in llm.scheduler.running if g.request_id == llm._internal_id(ids[1]))
-    assert bad.seqs[0] in llm._inflight.plan.seqs
-    real = llm.runner.run
+    bad = next(g for g in llm.scheduler.running if g.request_id == llm.output_processor.internal_id(ids[1]))
+    assert bad.seqs[0] in llm.engine_core.inflight.plan.seqs
+    real = llm.runner.execute
 
-    def run(seqs, *args):
-        if bad.seqs[0] in seqs:
+    def execute(plan, pending=None):
+        if bad.seqs[0] in plan.seqs:
             raise RuntimeError("injected fault")
-        return real(seqs, *args)
+        return real(plan, pending)
 
-    llm.runner.run = run
+    llm.runner.execute = execute
     outs = _drain(llm)
     assert outs[ids[1]].finish_reason == "error"
     for i in (0, 2):
@@ -285,7 +285,7 @@ def test_a_forward_fault_while_a_step_is_in_flight_fails_only_its_request():
 
 def _events(llm, monkeypatch) -> list[str]:
     log = []
-    launch, read = llm._launch, SampledTokens.read
+    launch, read = llm.engine_core._execute, SampledTokens.read
 
     def logged_launch(*args):
         log.append("launch")
@@ -295,7 +295,7 @@ def _events(llm, monkeypatch) -> list[str]:
         log.append("read")
         return read(self)
 
-    monkeypatch.setattr(llm, "_launch", logged_launch)
+    monkeypatch.setattr(llm.engine_core, "_execute", logged_launch)
     monkeypatch.setattr(SampledTokens, "read", logged_read)
     return log
 
@@ -307,7 +307,7 @@ def test_step_n_plus_1_is_launched_before_step_n_is_read_once(monkeypatch):
     for _ in range(5):
         llm.step()
     assert log == ["launch", "read"] * 5, "launch N+1, then the one read of N"
-    assert all(s.num_pending == 1 for s in llm._inflight.plan.seqs)
+    assert all(s.num_pending == 1 for s in llm.engine_core.inflight.plan.seqs)
 
 
 def test_a_penalty_makes_the_next_step_wait_for_the_tokens(monkeypatch):
@@ -328,7 +328,7 @@ def test_the_synchronous_loop_reads_each_step_before_the_next(monkeypatch):
     log = _events(llm, monkeypatch)
     for _ in range(3):
         llm.step()
-    assert log == ["launch", "read"] * 3 and llm._inflight is None
+    assert log == ["launch", "read"] * 3 and llm.engine_core.inflight is None
 
 
 # ---- the setting ---------------------------------------------------------------
@@ -339,9 +339,9 @@ def test_the_setting_is_off_on_a_cpu_by_default_and_checked():
     assert _llm(True).async_scheduling
     with pytest.raises(ValueError, match="async_scheduling must be"):
         _llm("yes")
-    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.engine.block_manager import BlockManager
 
-    early = PrefixCachingBlockManager(256, 4, register="scheduled")
+    early = BlockManager(256, 4, register="scheduled", enable_caching=True)
     with pytest.raises(ValueError, match="register='computed'"):
         _llm(True, block_manager=early)
     assert not _llm(None, block_manager=early).async_scheduling
@@ -386,7 +386,7 @@ def test_the_servers_engine_loop_streams_what_generate_returns():
     got = asyncio.run(run())
     assert got == [r.outputs[0].token_ids for r in refs]
     bm = llm.block_manager
-    assert bm.num_free_blocks == bm.num_blocks and not llm._requests
+    assert bm.num_free_blocks == bm.num_blocks and not llm.output_processor.states
 
 
 def test_an_engine_seed_gives_the_same_draws_in_both_modes():

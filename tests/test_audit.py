@@ -50,7 +50,7 @@ def test_alpaca_means_follow_the_papers_ratios():
 
 
 def test_pressure_run_reports_recompute_per_generated_token():
-    from pagedkv_lab.engine import SamplingParams
+    from pagedkv_lab.sampling_params import SamplingParams
 
     prompts = prompts_for([40, 30, 50, 20])
     params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)] * 4

@@ -8,10 +8,10 @@ import torch
 from pagedkv_lab.bench import report, scaled_chat_trace, static_batches
 from pagedkv_lab.bench.serve import count_steps
 from pagedkv_lab.bench.timing import trace
-from pagedkv_lab.engine import SamplingParams
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import load_model
+from pagedkv_lab.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pagedkv_lab.block_manager import BlockManager
-from pagedkv_lab.engine import SamplingParams, Sequence
-from pagedkv_lab.paging import OutOfBlocksError
+from pagedkv_lab.engine.block_manager import BlockManager, OutOfBlocksError
+from pagedkv_lab.engine.sequence import Sequence
+from pagedkv_lab.sampling_params import SamplingParams
 
 PARAMS = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
 
@@ -47,7 +47,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.blocks[dst] = list(self.blocks.get(src, []))
         bs = self.bm.block_size
         for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
-            block = seq.block_table.blocks[p // bs]
+            block = seq.block_table[p // bs]
             # The runner's assertion: nobody else reads what we write.
             assert self.bm.ref_counts[block] == 1
             row = self.blocks.setdefault(block, [None] * bs)
@@ -99,7 +99,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def counts_match_tables(self):
         if not hasattr(self, "bm"):
             return
-        held = Counter(b for s in self.live for b in s.block_table.blocks)
+        held = Counter(b for s in self.live for b in s.block_table)
         for block, count in enumerate(self.bm.ref_counts):
             assert count == held.get(block, 0), f"block {block}"
         assert len(held) + self.bm.num_free_blocks == self.bm.num_blocks
@@ -110,7 +110,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return
         bs = self.bm.block_size
         for seq in self.live:
-            table = seq.block_table.blocks
+            table = seq.block_table
             seen = [
                 self.blocks[table[p // bs]][p % bs]
                 for p in range(seq.num_computed_tokens)
@@ -140,17 +140,17 @@ def test_fork_shares_and_the_first_writer_copies():
     parent.num_computed_tokens = 6
     child = parent.fork()
     bm.fork(parent, child)
-    assert bm.ref_counts[parent.block_table.blocks[0]] == 2
+    assert bm.ref_counts[parent.block_table[0]] == 2
     assert bm.num_free_blocks == 6  # no K/V copied, no block taken
     # The child writes token 6 into the shared, half-full block 1: a copy.
     bm.append_slots(child, 1)
     (copy,) = bm.take_copies()
-    assert copy == (parent.block_table.blocks[1], child.block_table.blocks[1])
+    assert copy == (parent.block_table[1], child.block_table[1])
     # The parent is now the only holder of its block: it writes in place.
     bm.append_slots(parent, 1)
     assert bm.take_copies() == []
     # Full blocks stay shared.
-    assert child.block_table.blocks[0] == parent.block_table.blocks[0]
+    assert child.block_table[0] == parent.block_table[0]
     bm.free(parent)
     bm.free(child)
     assert bm.num_free_blocks == 8

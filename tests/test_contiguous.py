@@ -377,7 +377,7 @@ def test_growing_pool_copies_preempts_and_reports_it():
 
 
 def test_recompute_crossover_is_where_the_charged_step_counts_meet():
-    from pagedkv_lab.paging import PagedPool
+    from pagedkv_lab.sim.paged import PagedPool
 
     reqs = chat_workload(120, seed=0, arrival_rate=1.0)
     paged = simulate(reqs, PagedPool(4 * 2048 // 16, 16, 2048))

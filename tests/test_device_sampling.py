@@ -5,9 +5,10 @@ distribution."""
 
 import pytest
 import torch
+from reference import sample_batched, sample_per_row, sample_step
 
-from pagedkv_lab.engine import Sequence
-from pagedkv_lab.sampling import SamplingParams, sample, sample_batch, sample_batched
+from pagedkv_lab.engine.sequence import Sequence
+from pagedkv_lab.sampling_params import SamplingParams
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -32,11 +33,26 @@ def test_cuts_that_leave_one_token_agree_with_greedy(device):
     seqs = seqs_for(params)
     want = logits.argmax(-1).tolist()
     assert sample_batched(logits, seqs).tolist() == want
-    assert sample(logits, seqs) == want
-    tokens, logprobs = sample_batch(logits, seqs)
+    assert sample_per_row(logits, seqs) == want
+    out = sample_step(logits, seqs)
+    tokens, logprobs = out.tokens, out.logprobs
     assert tokens == want
     exact = logits.double().log_softmax(-1)[range(5), want]
     assert max(abs(a - b) for a, b in zip(logprobs, exact.tolist())) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_per_row_and_batched_samplers_draw_the_same_tokens(device):
+    """Chapter 05's per-row sampler and the engine's batched one, on seeded
+    rows of every kind, choose the same token in every row."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(6, 80, generator=g).to(device)
+    params = [SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, seed=7 + i)
+              for i, (t, k, p, m) in enumerate([(1.0, 0, 1.0, 0.0), (0.7, 20, 1.0, 0.0),
+                                                (1.3, 0, 0.9, 0.0), (1.0, 0, 1.0, 0.05),
+                                                (0.9, 10, 0.8, 0.02), (0, 0, 1.0, 0.0)])]
+    assert sample_batched(logits, seqs_for(params)).tolist() == sample_per_row(
+        logits, seqs_for(params))
 
 
 @pytest.mark.parametrize("device", DEVICES)

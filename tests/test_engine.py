@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from reference import greedy_alone
+from reference import greedy_alone, sample_per_row
 from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
@@ -11,15 +11,12 @@ from transformers import (
     Qwen3Config,
 )
 
-from pagedkv_lab.engine import (
-    ModelRunner,
-    SamplingParams,
-    Sequence,
-    run_to_completion,
-    sample,
-)
+from pagedkv_lab.course.static_batch import run_to_completion
+from pagedkv_lab.engine.block_manager import BlockAllocator
+from pagedkv_lab.engine.model_runner import ModelRunner
+from pagedkv_lab.engine.sequence import Sequence
 from pagedkv_lab.models import load_model
-from pagedkv_lab.paging import BlockAllocator, BlockTable
+from pagedkv_lab.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -76,13 +73,15 @@ MODELS = {
 }
 
 
-def _table(runner):
-    """A fresh block table over the runner's pool (one allocator per runner)."""
+def _alloc(runner) -> BlockAllocator:
+    """The runner's pool's allocator (one per runner)."""
     if not hasattr(runner, "_test_allocator"):
-        runner._test_allocator = BlockAllocator(
-            runner.kv_cache.num_blocks, runner.block_size
-        )
-    return BlockTable(runner._test_allocator)
+        runner._test_allocator = BlockAllocator(runner.kv_cache.num_blocks, runner.block_size)
+    return runner._test_allocator
+
+
+def _serve(runner, seqs, eos_token_id=None):
+    return run_to_completion(runner, seqs, _alloc(runner), eos_token_id)
 
 
 def _reference(model, prompt, n):
@@ -102,36 +101,29 @@ def test_greedy_matches_generate_around_block_boundaries(name, block_size):
     reference, paged = MODELS[name](), MODELS[name]()
     lengths = [1, block_size - 1, block_size, block_size + 1, 2 * block_size + 3, 70]
     prompts = _prompts(lengths, seed=block_size)
-    runner = ModelRunner(paged, num_blocks=256, block_size=block_size)
-    seqs = run_to_completion(
-        runner, [Sequence(p, GREEDY, _table(runner)) for p in prompts], None
-    )
+    runner = ModelRunner(paged, num_blocks=256, block_size=block_size, fused=False)
+    seqs = _serve(runner, [Sequence(p, GREEDY) for p in prompts])
     for p, seq in zip(prompts, seqs):
         assert seq.output_token_ids == _reference(reference, p, 12), (
             f"prompt of {len(p)} tokens"
         )
-        assert (
-            seq.num_computed_tokens == seq.num_tokens - 1
-            and seq.finish_reason == "length"
-        )
+        assert seq.finish_reason == "length"
 
 
 def test_many_prompts_together_and_mixed_prefill_decode():
     reference, paged = load_model("tiny-llama")[0], load_model("tiny-llama")[0]
-    runner = ModelRunner(paged, num_blocks=512, block_size=8)
+    runner = ModelRunner(paged, num_blocks=512, block_size=8, fused=False)
     g = torch.Generator().manual_seed(5)
     prompts = _prompts(torch.randint(1, 60, (16,), generator=g).tolist(), seed=5)
-    seqs = [Sequence(p, GREEDY, _table(runner)) for p in prompts]
+    seqs = [Sequence(p, GREEDY) for p in prompts]
     # Start half of them two steps early, so later steps mix prefills with decodes.
     early, late = seqs[:8], seqs[8:]
-    for _ in range(2):
-        num_new = [s.num_tokens - s.num_computed_tokens for s in early]
-        for s, n in zip(early, num_new):
-            s.block_table.append(s.num_computed_tokens + n - s.block_table.num_tokens)
-        for s, n, t in zip(early, num_new, sample(runner.run(early, num_new), early)):
-            s.num_computed_tokens += n
-            s.append_token(t, None, 2048)
-    run_to_completion(runner, early + late, None)
+    for s in early:
+        s.params = GREEDY.clone(max_tokens=2)
+    _serve(runner, early)
+    for s in early:
+        s.params, s.finish_reason = GREEDY, None
+    _serve(runner, early + late)
     for p, s in zip(prompts, seqs):
         assert s.output_token_ids == _reference(reference, p, 12)
 
@@ -139,31 +131,20 @@ def test_many_prompts_together_and_mixed_prefill_decode():
 def test_stop_conditions():
     model, tok = load_model("tiny-llama")
     runner = ModelRunner(model, num_blocks=64, block_size=8)
-    probe = run_to_completion(
-        runner, [Sequence([1, 5, 6], GREEDY, _table(runner))], None
-    )[0]
+    probe = _serve(runner, [Sequence([1, 5, 6], GREEDY)])[0]
     third = probe.output_token_ids[2]
     stop = Sequence(
         [1, 5, 6],
         SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[third]),
-        _table(runner),
     )
-    eos = Sequence(
-        [1, 5, 6],
-        SamplingParams(temperature=0, max_tokens=12),
-        _table(runner),
-    )
-    run_to_completion(runner, [stop, eos], eos_token_id=probe.output_token_ids[0])
+    eos = Sequence([1, 5, 6], SamplingParams(temperature=0, max_tokens=12))
+    _serve(runner, [stop, eos], eos_token_id=probe.output_token_ids[0])
     assert stop.output_token_ids[-1] == third and stop.finish_reason == "stop"
     assert (
         eos.output_token_ids == probe.output_token_ids[:1]
         and eos.finish_reason == "stop"
     )
-    short = run_to_completion(
-        runner,
-        [Sequence([1, 5], SamplingParams(max_tokens=3, seed=1), _table(runner))],
-        None,
-    )[0]
+    short = _serve(runner, [Sequence([1, 5], SamplingParams(max_tokens=3, seed=1))])[0]
     assert len(short.output_token_ids) == 3 and short.finish_reason == "length"
 
 
@@ -173,19 +154,11 @@ def test_seeded_sampling_does_not_depend_on_the_batch():
     params = SamplingParams(
         temperature=0.9, top_p=0.9, top_k=50, max_tokens=10, seed=123
     )
-    alone = run_to_completion(
-        runner, [Sequence([1, 7, 8], params, _table(runner))], None
-    )[0]
-    others = [
-        Sequence(
-            [1, 9],
-            SamplingParams(temperature=1.0, max_tokens=10),
-            _table(runner),
-        )
-        for _ in range(3)
-    ]
-    together = Sequence([1, 7, 8], params, _table(runner))
-    run_to_completion(runner, [others[0], together, *others[1:]], None)
+    alone = _serve(runner, [Sequence([1, 7, 8], params)])[0]
+    others = [Sequence([1, 9], SamplingParams(temperature=1.0, max_tokens=10))
+              for _ in range(3)]  # fmt: skip
+    together = Sequence([1, 7, 8], params)
+    _serve(runner, [others[0], together, *others[1:]])
     assert together.output_token_ids == alone.output_token_ids
 
 
@@ -195,8 +168,11 @@ def test_sampler_respects_top_k_and_top_p():
         (SamplingParams(top_k=2, seed=0), {0, 1}),
         (SamplingParams(top_p=0.5, seed=0), {0}),
     ]:
-        seq = Sequence([1], params, None)
-        assert {sample(logits, [seq])[0] for _ in range(50)} <= allowed
+        drawn = set()
+        for i in range(50):
+            seq = Sequence([1] * (i + 1), params)  # another position: another number
+            drawn.add(sample_per_row(logits, [seq])[0])
+        assert drawn <= allowed
 
 
 @pytest.mark.parametrize(
@@ -217,7 +193,7 @@ def test_sampler_respects_top_k_and_top_p():
         (dict(seed=-1), "seed"),
         (dict(n=0), "n"),
         (dict(stop_token_ids=5), "stop_token_ids"),
-        (dict(stop_token_ids=["a"]), "stop token"),
+        (dict(stop_token_ids=["a"]), "stop_token_ids"),
         (dict(ignore_eos=1), "ignore_eos"),
     ],
 )
@@ -238,17 +214,18 @@ def test_runner_refuses_what_it_cannot_serve():
     with pytest.raises(ValueError, match="not supported"):
         ModelRunner(gpt2, 8)
     runner = ModelRunner(load_model("tiny-llama")[0], 8, block_size=4)
-    seq = Sequence([1, 2, 3], GREEDY, _table(runner))
+    seq = Sequence([1, 2, 3], GREEDY)
+    seq.block_table = []
     with pytest.raises(ValueError, match="cannot compute tokens"):
         # The block table has not grown yet.
-        runner.prepare([seq], [3])
+        runner.run([seq], [3])
 
 
 def test_tiny_temperatures_are_greedy_not_overflow():
     logits = torch.tensor([[0.0, 30.0, 29.0]])
     for t in (1e-9, 1e-6, 0.0):
         seq = Sequence([1], SamplingParams(temperature=t, seed=0))
-        assert seq.params.greedy and sample(logits, [seq]) == [1]
+        assert seq.params.greedy and sample_per_row(logits, [seq]) == [1]
 
 
 def test_runner_leaves_the_model_as_it_was():
@@ -256,8 +233,8 @@ def test_runner_leaves_the_model_as_it_was():
     before = model.config._attn_implementation
     expected = greedy_alone(model, [1, 5, 6, 7], 6)
     runner = ModelRunner(model, num_blocks=16, block_size=4)
-    seq = Sequence([1, 5, 6, 7], GREEDY, _table(runner))
-    run_to_completion(runner, [seq], None)
+    seq = Sequence([1, 5, 6, 7], GREEDY)
+    _serve(runner, [seq])
     assert model.config._attn_implementation == before
     assert greedy_alone(model, [1, 5, 6, 7], 6) == expected
     assert seq.output_token_ids[:6] == expected
@@ -274,19 +251,3 @@ def test_block_copies_move_every_layer_and_read_before_writing():
     assert torch.equal(data[:, :, 4], before[:, :, 1])
     assert torch.equal(data[:, :, 5], before[:, :, 4])
     assert torch.equal(data[:, :, :4], before[:, :, :4])
-
-
-def test_a_step_may_not_write_into_a_shared_block():
-    """`run` with the block manager's reference counts refuses a step whose new
-    tokens land in a block another table also holds (checked on the host, from
-    the tables), and accepts one that only reads shared blocks."""
-    model, _ = load_model("tiny-llama")
-    runner = ModelRunner(model, num_blocks=8, block_size=4)
-    seq = Sequence(list(range(3, 10)), SamplingParams(temperature=0), BlockTable(
-        BlockAllocator(8, 4)))  # fmt: skip
-    seq.block_table.append(7)  # blocks 0 and 1; the new tokens 4..6 go to block 1
-    seq.num_computed_tokens = 4
-    counts = [2, 1] + [0] * 6  # block 0 shared: it is only read
-    assert runner.run([seq], [3], counts).shape[0] == 1
-    with pytest.raises(AssertionError, match=r"shared or free blocks \[1\]"):
-        runner.run([seq], [3], [1, 2] + [0] * 6)

@@ -11,28 +11,33 @@ import torch.nn.functional as F
 from reference import greedy_alone
 from torch import nn
 
-from pagedkv_lab import fused
-from pagedkv_lab.engine import (
-    ModelRunner,
-    PagedKVCache,
-    SamplingParams,
-    Sequence,
-    run_to_completion,
-)
-from pagedkv_lab.fused import (
-    CountingLib,
-    CpuFusedLinear,
-    CpuLayerOps,
+from pagedkv_lab.bench import ops as counting
+from pagedkv_lab.course.static_batch import run_to_completion
+from pagedkv_lab.engine.block_manager import BlockAllocator
+from pagedkv_lab.engine.fused import (
     FusedLinear,
-    FusedModelRunner,
-    LayerOps,
+    FusedModel,
     can_pack,
     fused_unsupported_reason,
-    layer_ops,
 )
+from pagedkv_lab.engine.kv_cache import PagedKVCache
+from pagedkv_lab.engine.layer_ops import LayerOps, layer_ops
+from pagedkv_lab.engine.model_runner import ModelRunner
+from pagedkv_lab.engine.sequence import Sequence
+from pagedkv_lab.kernels import triton_layers
+from pagedkv_lab.kernels.cpu import CountingLib, CpuLayerOps
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import OFFLINE_MODELS, load_model
-from pagedkv_lab.paging import BlockAllocator, BlockTable
+from pagedkv_lab.sampling_params import SamplingParams
+
+
+def FusedModelRunner(model, num_blocks, block_size, **options):  # noqa: N802
+    """A runner whose forward is `FusedModel(model, **options)`."""
+    return ModelRunner(model, num_blocks, block_size, forward=FusedModel(model, **options))
+
+
+def CpuFusedLinear(layers, lib):  # noqa: N802
+    return FusedLinear(layers, lib=lib)
 
 BLOCK = 8
 
@@ -49,9 +54,9 @@ def _step_logits(runner, prompts, split):
     computed by an earlier step, the rest now (so chunks and decodes mix)."""
     alloc = BlockAllocator(runner.kv_cache.num_blocks, BLOCK)
     params = SamplingParams(temperature=0, max_tokens=4)
-    seqs = [Sequence(p, params, BlockTable(alloc)) for p in prompts]
+    seqs = [Sequence(p, params) for p in prompts]
     for s in seqs:
-        s.block_table.append(s.num_tokens)
+        s.block_table = [alloc.allocate() for _ in range(-(-s.num_tokens // BLOCK))]
     first = [min(split, s.num_tokens - 1) for s in seqs]
     todo = [(s, n) for s, n in zip(seqs, first) if n]
     runner.run([s for s, _ in todo], [n for _, n in todo])
@@ -67,7 +72,7 @@ def _step_logits(runner, prompts, split):
 def test_fused_logits_match_the_hook_runner(name, pack, cpu_linear):
     model, _ = load_model(name)
     prompts = _prompts([1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 5])
-    want = _step_logits(ModelRunner(model, 64, BLOCK), prompts, split=BLOCK)
+    want = _step_logits(ModelRunner(model, 64, BLOCK, fused=False), prompts, split=BLOCK)
     runner = FusedModelRunner(model, 64, BLOCK, pack=pack, cpu_linear=cpu_linear)
     got = _step_logits(runner, prompts, BLOCK)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -76,7 +81,7 @@ def test_fused_logits_match_the_hook_runner(name, pack, cpu_linear):
 def test_fused_logits_in_bfloat16_stay_within_rounding():
     model, _ = load_model("small-llama", dtype=torch.bfloat16)
     prompts = _prompts([5, 40, 17])
-    want = _step_logits(ModelRunner(model, 64, BLOCK), prompts, split=BLOCK)
+    want = _step_logits(ModelRunner(model, 64, BLOCK, fused=False), prompts, split=BLOCK)
     got = _step_logits(FusedModelRunner(model, 64, BLOCK), prompts, split=BLOCK)
     # bf16 keeps 8 bits: a few units in the last place of logits of size ~4
     assert (got - want).abs().max() < 0.1
@@ -95,7 +100,7 @@ def test_engine_with_fused_forward_equals_generate(name):
         max_num_batched_tokens=32,
         fused_forward=True,
     )
-    assert isinstance(llm.runner, FusedModelRunner)
+    assert isinstance(llm.runner.forward, FusedModel)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     for p, out in zip(prompts, outs):
@@ -107,7 +112,7 @@ def test_the_model_is_left_as_it_was():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     attn = model.config._attn_implementation
     llm = LLM(model, block_size=BLOCK, kv_cache_memory=2**20)
-    assert isinstance(llm.runner, FusedModelRunner)
+    assert isinstance(llm.runner.forward, FusedModel)
     llm.generate([[1, 5, 6]], SamplingParams(temperature=0, max_tokens=5))
     after = model.state_dict()
     assert before.keys() == after.keys()
@@ -200,7 +205,7 @@ def _cache(num_blocks=1, kv_heads=1, head_dim=8, dtype=torch.float32):
 
 
 def _cpu_ops():
-    ops = layer_ops(load_model("tiny-llama")[0], _cache())
+    ops = layer_ops(load_model("tiny-llama")[0])
     if not isinstance(ops, CpuLayerOps):
         pytest.skip("no C++ compiler on this machine")
     return ops
@@ -260,14 +265,15 @@ def test_cpp_rope_and_store_matches_torch(heads, kv_heads, head_dim):
 
 
 def test_layer_ops_fall_back_to_torch_where_the_cpp_ones_do_not_apply(monkeypatch):
-    cache = _cache()
     bf16, _ = load_model("tiny-llama", dtype=torch.bfloat16)
-    assert type(layer_ops(bf16, cache)) is LayerOps
+    assert type(layer_ops(bf16)) is LayerOps
     gelu, _ = load_model("tiny-llama")
     gelu.config.hidden_act = "gelu"
-    assert type(layer_ops(gelu, cache)) is LayerOps
-    monkeypatch.setattr(fused, "load_layer_ops", lambda: None)
-    assert type(layer_ops(load_model("tiny-llama")[0], cache)) is LayerOps
+    assert type(layer_ops(gelu)) is LayerOps
+    import pagedkv_lab.kernels.cpu as cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "load_layer_ops", lambda: None)
+    assert type(layer_ops(load_model("tiny-llama")[0])) is LayerOps
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "small-llama"])
@@ -334,10 +340,10 @@ def test_the_fused_runner_takes_the_cpp_linear_where_it_applies():
     _cpu_ops()
     model, _ = load_model("tiny-llama")
     runner = FusedModelRunner(model, 16, BLOCK)
-    assert isinstance(runner.layers[0].qkv, CpuFusedLinear)
-    assert isinstance(runner.lm_head, CpuFusedLinear)
+    assert runner.forward.layers[0].qkv.tiles is not None
+    assert runner.forward.lm_head.tiles is not None
     oned = FusedModelRunner(model, 16, BLOCK, cpu_linear=False)
-    assert type(oned.layers[0].qkv) is FusedLinear
+    assert oned.forward.layers[0].qkv.tiles is None
     bf16, _ = load_model("tiny-llama", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="cpu_linear=True needs a float32 model"):
         FusedModelRunner(bf16, 16, BLOCK, cpu_linear=True)
@@ -360,8 +366,8 @@ def _qwen3(seed=0):
 
 def _per_layer(counts, model, outside=1):
     """GEMMs per layer of one decode step (``outside`` the layers: the LM head's,
-    and with the model's own forward the rotary module's, `fused.rotary_gemms`)."""
-    gemms = sum(counts[op] for op in fused.GEMM_OPS)
+    and with the model's own forward the rotary module's, `counting.rotary_gemms`)."""
+    gemms = sum(counts[op] for op in counting.GEMM_OPS)
     return (gemms - outside) / model.config.num_hidden_layers
 
 
@@ -395,7 +401,7 @@ def test_fusing_a_model_keeps_no_second_copy_of_its_projections():
     model, _ = load_model("tiny-qwen2")  # q/k/v with biases, tied embeddings
     runner = FusedModelRunner(model, 16, BLOCK, pack=False, cpu_linear=False)
     storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    for layer in runner.layers:
+    for layer in runner.forward.layers:
         for lin in (layer.qkv, layer.gate_up):
             assert lin.weight.untyped_storage().data_ptr() in storages
         assert layer.qkv.bias.untyped_storage().data_ptr() in storages
@@ -407,18 +413,18 @@ def test_gemms_per_layer_seven_before_four_after(name):
     """Counted by instrumentation: torch's dispatcher (`count_ops`) and the C++
     library's calls (`CountingLib`)."""
     model, _ = load_model(name)
-    own = fused.decode_step_ops(ModelRunner(model, 64, BLOCK))
-    assert _per_layer(own, model, outside=1 + fused.rotary_gemms(model)) == 7
+    own = counting.decode_step_ops(ModelRunner(model, 64, BLOCK, fused=False))
+    assert _per_layer(own, model, outside=1 + counting.rotary_gemms(model)) == 7
     for kwargs in (
         dict(pack=False, cpu_linear=False, ops=LayerOps()),  # the GPU's path
         dict(pack=True, cpu_linear=False, ops=LayerOps()),  # oneDNN
     ):
         runner = FusedModelRunner(model, 64, BLOCK, **kwargs)
-        assert _per_layer(fused.decode_step_ops(runner), model) == 4
+        assert _per_layer(counting.decode_step_ops(runner), model) == 4
     lib = _cpu_ops().lib
     calls = collections.Counter()
-    runner = FusedModelRunner(model, 64, BLOCK, ops=CpuLayerOps(CountingLib(lib, calls)))
-    counts = fused.decode_step_ops(runner, cpp_calls=calls)
+    runner = FusedModelRunner(model, 64, BLOCK, ops=CpuLayerOps(CountingLib(lib, calls), LayerOps()))
+    counts = counting.decode_step_ops(runner, cpp_calls=calls)
     assert _per_layer(counts, model) == 4
     assert counts["pagedkv_linear"] == 4 * model.config.num_hidden_layers + 1
 
@@ -433,16 +439,16 @@ def test_a_counting_wrapper_on_f_linear_agrees(monkeypatch):
         calls.append(args[1].shape)
         return linear(*args, **kwargs)
 
-    runners = [ModelRunner(model, 64, BLOCK)]
+    runners = [ModelRunner(model, 64, BLOCK, fused=False)]
     runners.append(FusedModelRunner(model, 64, BLOCK, pack=False, cpu_linear=False))
     found = []
     for runner in runners:
         prompts = _prompts([9, 9])
         alloc = BlockAllocator(64, BLOCK)
         params = SamplingParams(temperature=0, max_tokens=2)
-        seqs = [Sequence(p, params, BlockTable(alloc)) for p in prompts]
+        seqs = [Sequence(p, params) for p in prompts]
         for s in seqs:
-            s.block_table.append(s.num_tokens)
+            s.block_table = [alloc.allocate() for _ in range(-(-s.num_tokens // BLOCK))]
         runner.run(seqs, [8, 8])
         for s in seqs:
             s.num_computed_tokens = 8
@@ -459,7 +465,7 @@ def test_a_fused_decode_step_reads_nothing_back_to_the_host():
     value, no shape that depends on values (here on the CPU's paths)."""
     model = _qwen3()
     for kwargs in ({}, dict(pack=False, cpu_linear=False, ops=LayerOps())):
-        counts = fused.decode_step_ops(FusedModelRunner(model, 64, BLOCK, **kwargs))
+        counts = counting.decode_step_ops(FusedModelRunner(model, 64, BLOCK, **kwargs))
         for op in ("item", "_local_scalar_dense", "is_nonzero", "nonzero"):
             assert counts[op] == 0, (op, kwargs)
 
@@ -472,7 +478,7 @@ def test_normed_heads_is_qwen3s_q_and_k_norm():
     with torch.no_grad():
         want = torch.cat([attn.q_norm(qk[:, :heads]), attn.k_norm(qk[:, heads:])], 1)
         weights = torch.stack([attn.q_norm.weight, attn.k_norm.weight])
-        got = fused.normed_heads(qk, heads, (weights, attn.q_norm.variance_epsilon))
+        got = LayerOps.normed_heads(qk, heads, (weights, attn.q_norm.variance_epsilon))
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
@@ -483,7 +489,7 @@ def test_qwen3_is_served_with_explicit_head_dim():
     assert fused_unsupported_reason(model) is None
     runner = FusedModelRunner(model, 16, BLOCK)
     assert runner.kv_cache.data.shape[-1] == cfg.head_dim
-    assert all(layer.qk_norm is not None for layer in runner.layers)
+    assert all(layer.qk_norm is not None for layer in runner.forward.layers)
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "qwen3-random-norms"])
@@ -493,7 +499,7 @@ def test_qwen3_is_served_with_explicit_head_dim():
 def test_qwen3_fused_logits_match_the_hook_runner(name, pack, cpu_linear):
     model = load_model(name)[0] if name == "tiny-qwen3" else _qwen3()
     prompts = _prompts([1, BLOCK + 1, 3 * BLOCK + 5, 40])
-    want = _step_logits(ModelRunner(model, 64, BLOCK), prompts, split=BLOCK)
+    want = _step_logits(ModelRunner(model, 64, BLOCK, fused=False), prompts, split=BLOCK)
     runner = FusedModelRunner(model, 64, BLOCK, pack=pack, cpu_linear=cpu_linear)
     torch.testing.assert_close(_step_logits(runner, prompts, BLOCK), want,
                                rtol=1e-4, atol=1e-4)  # fmt: skip
@@ -505,7 +511,7 @@ def test_qwen3_greedy_equals_generate(fused_forward):
     prompts = _prompts([1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 5, 70], seed=2)
     llm = LLM(model, block_size=BLOCK, kv_cache_memory=2**20,
               max_num_batched_tokens=32, fused_forward=fused_forward)  # fmt: skip
-    assert isinstance(llm.runner, FusedModelRunner) == fused_forward
+    assert isinstance(llm.runner.forward, FusedModel) == fused_forward
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = llm.generate(prompts, params, use_tqdm=False)
     for p, out in zip(prompts, outs):
@@ -513,7 +519,7 @@ def test_qwen3_greedy_equals_generate(fused_forward):
 
 
 def _interpreting():
-    if fused.triton is None or os.environ.get("TRITON_INTERPRET") != "1":
+    if triton_layers.triton is None or os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs Triton's interpreter (no CUDA here)")
 
 
@@ -527,7 +533,7 @@ def test_triton_add_rms_norm_matches_torch(dtype, rows, dim, add):
     norm = ((0.5 + torch.rand(dim, generator=g)).to(dtype), 1e-6)
     want_x, got_x = x.clone(), x.clone()
     want = LayerOps().add_rms_norm(want_x, y if add else None, norm)
-    got = fused.TritonLayerOps().add_rms_norm(got_x, y if add else None, norm)
+    got = triton_layers.TritonLayerOps(LayerOps()).add_rms_norm(got_x, y if add else None, norm)
     assert torch.equal(got_x, want_x)  # the residual, rounded as torch's add
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
@@ -542,7 +548,7 @@ def test_triton_silu_mul_matches_torch(dtype, rows, inter):
     gate_up = (4 * torch.randn(rows, 2 * inter, generator=g)).to(dtype)
     gate_up[0, :4] = torch.tensor([-1e4, -90.0, 90.0, 1e4]).to(dtype)
     want = LayerOps().act_mul(gate_up, F.silu)
-    got = fused.TritonLayerOps().act_mul(gate_up, F.silu)
+    got = triton_layers.TritonLayerOps(LayerOps()).act_mul(gate_up, F.silu)
     assert torch.isfinite(got).all()
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
@@ -560,7 +566,7 @@ def test_rope_and_store_with_and_without_qk_norms_matches_torch(
     Qwen3's head norms included."""
     if ops == "triton":
         _interpreting()
-        ops = fused.TritonLayerOps()
+        ops = triton_layers.TritonLayerOps(LayerOps())
     else:
         ops = _cpu_ops()
     g = torch.Generator().manual_seed(head_dim + qk)
@@ -591,25 +597,25 @@ def test_triton_layer_ops_serve_greedy_equal_to_generate(name):
     _interpreting()
     model = load_model(name)[0] if name == "tiny-llama" else _qwen3()
     runner = FusedModelRunner(model, 64, BLOCK, pack=False, cpu_linear=False,
-                              ops=fused.TritonLayerOps())  # fmt: skip
+                              ops=triton_layers.TritonLayerOps(LayerOps()))  # fmt: skip
     prompts = _prompts([1, BLOCK + 1, 13], seed=3)
     alloc = BlockAllocator(64, BLOCK)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    seqs = [Sequence(p, params, BlockTable(alloc)) for p in prompts]
-    run_to_completion(runner, seqs, None)
+    seqs = [Sequence(p, params) for p in prompts]
+    run_to_completion(runner, seqs, alloc)
     for p, s in zip(prompts, seqs):
         assert s.output_token_ids == greedy_alone(model, p, 6)
 
 
 def test_layer_ops_pick_triton_on_a_cuda_device_only():
     model, _ = load_model("tiny-llama")
-    assert not isinstance(layer_ops(model, _cache()), fused.TritonLayerOps)
+    assert not isinstance(layer_ops(model), triton_layers.TritonLayerOps)
     cuda = SimpleNamespace(device=torch.device("cuda"), config=model.config,
                            dtype=torch.bfloat16)  # fmt: skip
-    if fused.triton is not None:
-        assert isinstance(layer_ops(cuda, _cache()), fused.TritonLayerOps)
+    if triton_layers.triton is not None:
+        assert isinstance(layer_ops(cuda), triton_layers.TritonLayerOps)
     cuda.config = SimpleNamespace(hidden_act="gelu")
-    assert type(layer_ops(cuda, _cache())) is not fused.TritonLayerOps
+    assert type(layer_ops(cuda)) is not triton_layers.TritonLayerOps
 
 
 def test_decode_floor_records_the_fused_step_it_runs():
@@ -628,11 +634,11 @@ def test_decode_floor_records_the_fused_step_it_runs():
     )
     # Qwen3 with PyTorch layer ops concatenates twice a layer: its q and k
     # norms (`normed_heads`), then RoPE's rotate_half
-    assert step == {"runner": "FusedModelRunner", "layer_ops": "LayerOps",
+    assert step == {"runner": "FusedModel", "layer_ops": "LayerOps",
                     "projections": "FusedLinear", "gemms_per_layer": 4.0,
                     "concats_per_layer": 2.0}  # fmt: skip
-    assert decode_floor.fused_step(ModelRunner(model, 64, BLOCK)) == {
-        "runner": "ModelRunner"
+    assert decode_floor.fused_step(ModelRunner(model, 64, BLOCK, fused=False)) == {
+        "runner": "TransformersForward"
     }
 
 

@@ -22,12 +22,25 @@ from pagedkv_lab.attention import (
     paged_prefill_triton,
     reference_paged_attention,
 )
-from pagedkv_lab.engine import ModelRunner, SamplingParams, Sequence
-from pagedkv_lab.fused import FusedModelRunner
+from pagedkv_lab.engine.block_manager import BlockAllocator
+from pagedkv_lab.engine.fused import FusedModel
+from pagedkv_lab.engine.model_runner import ModelRunner
+from pagedkv_lab.engine.sequence import Sequence
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import OFFLINE_MODELS, load_model
-from pagedkv_lab.paging import BlockAllocator, BlockTable
+from pagedkv_lab.sampling_params import SamplingParams
+
+
+def HookRunner(model, num_blocks, block_size):  # noqa: N802
+    """The model's own layers with the paged attention plugged in."""
+    return ModelRunner(model, num_blocks, block_size, fused=False)
+
+
+def FusedModelRunner(model, num_blocks, block_size, **options):  # noqa: N802
+    """Chapter 05's fused step, eager."""
+    return ModelRunner(model, num_blocks, block_size, forward=FusedModel(model, **options),
+                       enforce_eager=True)  # fmt: skip
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU"
@@ -228,7 +241,7 @@ def test_engine_on_cuda_fp32_equals_generate(name):
 
 @pytest.mark.parametrize("name, dtype, runner_cls", cases(
     sorted(OFFLINE_MODELS), [d for d in dtypes() if d != torch.float32],
-    [ModelRunner, FusedModelRunner],
+    [HookRunner, FusedModelRunner],
     core=lambda name, dtype, runner: dtype == first_half_dtype()
     and (runner is FusedModelRunner or name == "tiny-llama")))  # fmt: skip
 def test_engine_logits_in_half_precision_track_the_models_own(name, dtype, runner_cls):
@@ -246,12 +259,15 @@ def test_engine_logits_in_half_precision_track_the_models_own(name, dtype, runne
     batch = prompts([n + steps for n in lengths], seed=4)
     runner = runner_cls(model, num_blocks=64, block_size=16)
     allocator = BlockAllocator(64, 16)
-    seqs = [Sequence(p, GREEDY, BlockTable(allocator)) for p in batch]
+    seqs = [Sequence(p, GREEDY) for p in batch]
+    for seq in seqs:
+        seq.block_table = []
     engine = []  # [step][seq] logits
     num_new = lengths
     for _ in range(steps + 1):
         for seq, n in zip(seqs, num_new):
-            seq.block_table.append(n)
+            need = -(-(seq.num_computed_tokens + n) // 16) - len(seq.block_table)
+            seq.block_table += [allocator.allocate() for _ in range(need)]
         engine.append(runner.run(seqs, num_new))
         for seq, n in zip(seqs, num_new):
             seq.num_computed_tokens += n
@@ -300,8 +316,6 @@ def test_graphed_decode_equals_eager_and_generate():
     transformers, for staggered requests whose batch moves through several
     graph buckets, in a pool small enough to preempt (blocks freed and reused
     between captures)."""
-    from pagedkv_lab.graphs import GraphedModelRunner
-
     reference, _ = load_model("tiny-llama", device="cuda")
     batch = prompts([3, 17, 30, 9, 44, 1, 25, 60, 12, 33, 5, 70, 16, 8, 21, 40, 2], 7)
     lengths = [4 + 3 * (i % 5) for i in range(len(batch))]
@@ -312,14 +326,14 @@ def test_graphed_decode_equals_eager_and_generate():
         budget = KVSpec.from_config(reference.config, torch.float32).bytes_per_token
         llm = LLM("tiny-llama", device="cuda", dtype=torch.float32, block_size=4,
                   kv_cache_memory=160 * budget, enforce_eager=eager)  # fmt: skip
-        assert isinstance(llm.runner, GraphedModelRunner) != eager
+        assert (llm.runner.graphs is not None) != eager
         params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
                   for n in lengths]  # fmt: skip
         outs = llm.generate(batch, params, use_tqdm=False)
         outputs[eager] = [o.outputs[0].token_ids for o in outs]
         assert llm.block_manager.num_free_blocks == llm.stats.num_blocks
         if not eager:
-            assert len(llm.runner.graphs) >= 3, sorted(llm.runner.graphs)
+            assert len(llm.runner.graphs.graphs) >= 3, sorted(llm.runner.graphs.graphs)
             assert llm.stats.preemptions > 0, "the pool was meant to preempt"
     assert outputs[True] == expected
     assert outputs[False] == expected
@@ -402,8 +416,9 @@ def test_triton_layer_ops_compiled_match_torch(dtype):
 
     import torch.nn.functional as F
 
-    from pagedkv_lab.engine import PagedKVCache
-    from pagedkv_lab.fused import LayerOps, TritonLayerOps
+    from pagedkv_lab.engine.kv_cache import PagedKVCache
+    from pagedkv_lab.engine.layer_ops import LayerOps
+    from pagedkv_lab.kernels.triton_layers import TritonLayerOps
 
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -414,7 +429,7 @@ def test_triton_layer_ops_compiled_match_torch(dtype):
         scale = want.float().abs().max().clamp_min(1)
         assert (got.float() - want.float()).abs().max() <= 2 * TOLERANCE[dtype] * scale
 
-    ref, tri = LayerOps(), TritonLayerOps()
+    ref, tri = LayerOps(), TritonLayerOps(LayerOps())
     x, y = randn(37, 4096), randn(37, 4096)
     norm = ((0.5 + torch.rand(4096, generator=g, device="cuda")).to(dtype), 1e-6)
     x_ref, x_tri = x.clone(), x.clone()
@@ -440,11 +455,12 @@ def test_triton_layer_ops_compiled_match_torch(dtype):
 
 
 def test_the_fused_step_on_cuda_runs_four_gemms_and_no_concatenation():
-    from pagedkv_lab.fused import GEMM_OPS, TritonLayerOps, decode_step_ops
+    from pagedkv_lab.bench.ops import GEMM_OPS, decode_step_ops
+    from pagedkv_lab.kernels.triton_layers import TritonLayerOps
 
     model, _ = load_model("tiny-qwen3", device="cuda")
     runner = FusedModelRunner(model, 64, 16)
-    assert isinstance(runner.ops, TritonLayerOps)
+    assert isinstance(runner.forward.ops, TritonLayerOps)
     counts = decode_step_ops(runner)
     layers = model.config.num_hidden_layers
     assert (sum(counts[op] for op in GEMM_OPS) - 1) / layers == 4
@@ -456,17 +472,16 @@ def test_the_fused_step_on_cuda_runs_four_gemms_and_no_concatenation():
 def test_graphed_qwen3_captures_every_bucket_and_equals_generate():
     """Qwen3 (q/k norms in the Triton kernel) graphed, every bucket captured up
     front, in fp32: the same greedy tokens as transformers."""
-    from pagedkv_lab.graphs import GraphedModelRunner
-
     reference, _ = load_model("tiny-qwen3", device="cuda")
     batch = prompts([3, 17, 30, 9, 44, 1, 25], 11)
     expected = [greedy_alone(reference, p, 12) for p in batch]
     llm = LLM("tiny-qwen3", device="cuda", dtype=torch.float32,
               kv_cache_memory=2**24, max_num_seqs=8)  # fmt: skip
-    assert isinstance(llm.runner, GraphedModelRunner)
-    llm.runner.capture_all()
-    assert sorted(llm.runner.graphs) == llm.runner.batch_sizes
-    assert all(s > 0 for s in llm.runner.capture_seconds.values())
+    graphs = llm.runner.graphs
+    assert graphs is not None
+    graphs.capture_all()
+    assert sorted(graphs.graphs) == graphs.batch_sizes
+    assert all(s > 0 for s in graphs.capture_seconds.values())
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate(batch, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected

@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-from pagedkv_lab.engine import SamplingParams
-from pagedkv_lab.groups import BeamSearchParams
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import load_model
+from pagedkv_lab.sampling_params import BeamSearchParams, SamplingParams
 
 MODEL, TOKENIZER = load_model("tiny-llama")
 BYTES_PER_TOKEN = 512  # tiny-llama, fp32

@@ -4,15 +4,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from pagedkv_lab.paging import (
-    BlockAllocator,
+from pagedkv_lab.engine.block_manager import BlockAllocator, OutOfBlocksError
+from pagedkv_lab.sim.contiguous import ContiguousPool
+from pagedkv_lab.sim.paged import (
     BlockTable,
-    OutOfBlocksError,
     PagedPool,
     block_table_tensor,
     slot_mapping,
 )
-from pagedkv_lab.sim.contiguous import ContiguousPool
 from pagedkv_lab.sim.workloads import Request, chat_workload, simulate
 
 

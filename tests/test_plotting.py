@@ -19,8 +19,8 @@ from pagedkv_lab.course.experiments import (  # noqa: E402
     reservation_runs,
     sigma_sweep,
 )
-from pagedkv_lab.paging import PagedPool  # noqa: E402
 from pagedkv_lab.sim.contiguous import ContiguousPool  # noqa: E402
+from pagedkv_lab.sim.paged import PagedPool  # noqa: E402
 from pagedkv_lab.sim.workloads import chat_workload, simulate  # noqa: E402
 
 

@@ -7,10 +7,9 @@ import torch
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from pagedkv_lab.engine import SamplingParams
-from pagedkv_lab.groups import BeamSearchGroup, BeamSearchParams
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import load_model
+from pagedkv_lab.sampling_params import BeamSearchParams, SamplingParams
 
 MODEL, TOKENIZER = load_model("tiny-llama")
 BYTES_PER_BLOCK_TOKEN = 512  # tiny-llama, fp32
@@ -37,7 +36,7 @@ def _check_pools(llm: LLM) -> None:
         for g in sched.running
         for s in g.seqs
         if s.block_table is not None
-        for b in s.block_table.blocks
+        for b in s.block_table
     )
     for block, count in enumerate(bm.ref_counts):
         assert count == gpu.get(block, 0)
@@ -81,16 +80,11 @@ def _workload(seed: int, size: int):
 
 def _serve(llm: LLM, requests, check_every_step: bool):
     """Queue everything, step to the end checking the pools; outputs in order."""
-    from pagedkv_lab.llm import RequestMetrics
-
     ids = []
     for prompt, params in requests:
-        if isinstance(params, BeamSearchParams):
-            llm._check_request(prompt, params, "a beam search")
-            group = BeamSearchGroup(next(llm._request_ids), prompt, params)
-            llm._requests[group.request_id] = (group, None, RequestMetrics(0.0))
-            llm.scheduler.add(group)
-            ids.append(group.request_id)
+        if isinstance(params, BeamSearchParams):  # queued as `LLM.beam_search` does
+            llm.input_processor.check_request(prompt, params, "a beam search")
+            ids.append(llm._enqueue(prompt, params, None))
         else:
             ids.append(llm.add_request(prompt, params))
     outs = {}

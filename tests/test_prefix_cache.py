@@ -12,15 +12,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pagedkv_lab.engine import SamplingParams, Sequence
+from pagedkv_lab.engine.block_manager import BlockManager
+from pagedkv_lab.engine.prefix_cache import PrefixCache, chained_hash
+from pagedkv_lab.engine.sequence import Sequence
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import load_model
-from pagedkv_lab.prefix_cache import (
-    PrefixCachingBlockManager,
-    PrefixIndex,
-    RadixCache,
-    chained_hash,
-)
+from pagedkv_lab.sampling_params import SamplingParams
+from pagedkv_lab.sim.radix import RadixCache
 
 PARAMS = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
 MODEL, TOKENIZER = load_model("tiny-llama")
@@ -44,13 +42,14 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             # Two bits of key: collisions all the time; verification saves us.
             return chained_hash(parent, tokens, extra) & 3
 
-        self.bm = PrefixCachingBlockManager(
+        self.bm = BlockManager(
             num_blocks,
             block_size,
             policy=policy,
             free_order=free_order,
             hash_fn=weak if weak_hash else chained_hash,
             register=register,
+            enable_caching=True,
         )
         self.kv: dict[int, list] = {}  # block -> what each slot holds
         self.live: list[Sequence] = []
@@ -67,7 +66,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             self.every_cached_key_holds_its_tokens()
         bs = self.bm.block_size
         for p in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
-            block = seq.block_table.blocks[p // bs]
+            block = seq.block_table[p // bs]
             assert self.bm.ref_counts[block] == 1, "writing into a shared block"
             self.kv.setdefault(block, [None] * bs)[p % bs] = tuple(
                 seq.token_ids[: p + 1]
@@ -84,7 +83,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         before = self.bm.stats.queries, self.bm.stats.hits
         if self.bm.can_allocate(seq, cached, n):
             self.bm.allocate(seq, cached, n)
-            assert seq.num_computed_tokens == cached
+            seq.num_computed_tokens = cached  # the scheduler's part of admission
             s = self.bm.stats
             assert (s.queries, s.hits) == (before[0] + len(tokens), before[1] + cached)
             assert s.resumed_queries == s.resumed_hits == 0
@@ -121,13 +120,13 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         bs = self.bm.block_size
         for seq in self.live:
             for p in range(seq.num_computed_tokens):
-                block = seq.block_table.blocks[p // bs]
+                block = seq.block_table[p // bs]
                 assert self.kv[block][p % bs] == tuple(seq.token_ids[: p + 1])
 
     @invariant()
     def every_cached_key_holds_its_tokens(self):
         bs = self.bm.block_size
-        for key, entry in self.bm.by_key.items():
+        for key, entry in self.bm.prefix_cache.by_key.items():
             assert entry.key == key
             held = self.kv.get(entry.block, [None])
             assert None not in held, f"block {entry.block} registered before written"
@@ -139,11 +138,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def referenced_blocks_are_never_free_or_cached_free(self):
         a = self.bm.allocator
-        held = {b for s in self.live for b in s.block_table.blocks}
+        held = {b for s in self.live for b in s.block_table}
         assert held.isdisjoint(a.free_list) and held.isdisjoint(a.evictable)
         for block, count in enumerate(a.ref_counts):
             assert count == sum(
-                b == block for s in self.live for b in s.block_table.blocks
+                b == block for s in self.live for b in s.block_table
             )
         assert set(a.evictable) <= set(a.cached)
         assert len(held) + self.bm.num_free_blocks == self.bm.num_blocks
@@ -162,12 +161,12 @@ TestPrefixCache.settings = settings(
 
 
 def test_hits_are_whole_blocks_and_leave_the_last_token_to_compute():
-    bm = PrefixCachingBlockManager(8, 4)
+    bm = BlockManager(8, 4, enable_caching=True)
     first = Sequence(list(range(1, 10)), PARAMS)
     bm.allocate(first, 0, 9)
     first.num_computed_tokens = 9
     bm.cache_blocks(first)
-    assert len(bm.by_key) == 2  # blocks [1..4], [5..8]; the ninth token's is not full
+    assert len(bm.prefix_cache.by_key) == 2  # blocks [1..4], [5..8]; the ninth token's is not full
     same = Sequence(list(range(1, 10)), PARAMS)
     assert bm.num_cached_tokens(same, 9) == 8
     exactly_two_blocks = Sequence(list(range(1, 9)), PARAMS)
@@ -202,7 +201,7 @@ def own_tokens_only(parent, tokens, extra):
     ],
 )
 def test_a_key_without_the_parent_serves_the_wrong_prefix(hash_fn, verify, expected):
-    bm = PrefixCachingBlockManager(8, 4, hash_fn=hash_fn, verify=verify)
+    bm = BlockManager(8, 4, hash_fn=hash_fn, verify=verify, enable_caching=True)
     _cached(bm, [1, 2, 3, 4, 7, 7, 7, 7, 0])
     _cached(bm, [9, 9, 9, 9, 5, 5, 5, 5, 0])
     asking = Sequence([9, 9, 9, 9, 7, 7, 7, 7, 0], PARAMS)
@@ -212,7 +211,7 @@ def test_a_key_without_the_parent_serves_the_wrong_prefix(hash_fn, verify, expec
 def test_lru_evicts_the_least_recently_freed_and_fifo_does_not():
     def run(policy):
         # Four blocks of two tokens: a, b, c cached-free, one block never used.
-        bm = PrefixCachingBlockManager(4, 2, policy=policy)
+        bm = BlockManager(4, 2, policy=policy, enable_caching=True)
         for tokens in ([1, 1, 9], [2, 2, 9], [3, 3, 9]):
             seq = Sequence(tokens, PARAMS)
             bm.allocate(seq, 0, 2)
@@ -227,28 +226,28 @@ def test_lru_evicts_the_least_recently_freed_and_fifo_does_not():
         # Two blocks needed, one on the free list: one eviction.
         fresh = Sequence([4, 4, 5, 5], PARAMS)
         bm.allocate(fresh, 0, 4)
-        return sorted(e.tokens for e in bm.by_key.values())
+        return sorted(e.tokens for e in bm.prefix_cache.by_key.values())
 
     assert run("lru") == [(1, 1), (3, 3)]  # b: least recently used
     assert run("fifo") == [(2, 2), (3, 3)]  # a: first registered, though just used
 
 
 def test_evict_all_drops_every_cached_block_at_once():
-    bm = PrefixCachingBlockManager(4, 1, policy="evict-all")
+    bm = BlockManager(4, 1, policy="evict-all", enable_caching=True)
     for t in range(1, 5):
         seq = Sequence([t, 0], PARAMS)
         bm.allocate(seq, 0, 1)
         seq.num_computed_tokens = 1
         bm.cache_blocks(seq)
         bm.free(seq)
-    assert len(bm.by_key) == 4
+    assert len(bm.prefix_cache.by_key) == 4
     seq = Sequence([7, 0], PARAMS)
     bm.allocate(seq, 0, 1)
-    assert len(bm.by_key) == 0 and bm.stats.evictions == 4
+    assert len(bm.prefix_cache.by_key) == 0 and bm.stats.evictions == 4
 
 
 def test_allocation_prefers_never_cached_blocks():
-    bm = PrefixCachingBlockManager(4, 2)
+    bm = BlockManager(4, 2, enable_caching=True)
     seq = Sequence([1, 2, 3], PARAMS)
     bm.allocate(seq, 0, 2)
     seq.num_computed_tokens = 2
@@ -256,7 +255,7 @@ def test_allocation_prefers_never_cached_blocks():
     bm.free(seq)
     other = Sequence([5, 6, 7, 8, 9], PARAMS)
     bm.allocate(other, 0, 5)  # three blocks: the three never-cached ones
-    assert len(bm.by_key) == 1 and bm.stats.evictions == 0
+    assert len(bm.prefix_cache.by_key) == 1 and bm.stats.evictions == 0
 
 
 def _shared_prompts(seed, n=24, system=21):
@@ -366,29 +365,33 @@ def test_a_resumed_requests_lookup_is_counted_apart():
 
 
 def test_a_copy_whose_parent_was_evicted_gives_way_to_a_reachable_one():
-    index = PrefixIndex(block_size=4)
+    index = PrefixCache(block_size=4)
     never = lambda block: False  # noqa: E731
     tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    old, displaced = index.register(Sequence(tokens, PARAMS), [10, 11, 12], never, 9)
+    seq = Sequence(tokens, PARAMS)
+    seq.block_table = [10, 11, 12]
+    old, displaced = index.register(seq, 9, never)
     assert [e.block for e in old] == [10, 11] and displaced == []
     index.forget(old[0])  # block 10 evicted: block 11 can never be hit again
     asking = Sequence(tokens, PARAMS)
     assert index.match(asking, 9) == []
-    new, displaced = index.register(Sequence(tokens, PARAMS), [20, 21, 22], never, 9)
+    seq = Sequence(tokens, PARAMS)
+    seq.block_table = [20, 21, 22]
+    new, displaced = index.register(seq, 9, never)
     assert [e.block for e in new] == [20, 21] and displaced == [old[1]]
     assert [e.block for e in index.match(Sequence(tokens, PARAMS), 9)] == [20, 21]
 
 
 def test_a_displaced_block_stops_being_cached():
-    bm = PrefixCachingBlockManager(8, 2, free_order="head-first")
+    bm = BlockManager(8, 2, free_order="head-first", enable_caching=True)
     first = Sequence([1, 1, 2, 2, 0], PARAMS)
     bm.allocate(first, 0, 5)
     first.num_computed_tokens = 5
     bm.cache_blocks(first)
-    a0, a1 = first.block_table.blocks[:2]
+    a0, a1 = first.block_table[:2]
     bm.free(first)
     bm.allocator.uncache(a0)  # as if evicted: only the second block is cached
-    bm.index.forget(next(e for e in bm.by_key.values() if e.block == a0))
+    bm.prefix_cache.forget(next(e for e in bm.prefix_cache.by_key.values() if e.block == a0))
     again = Sequence([1, 1, 2, 2, 0], PARAMS)
     bm.allocate(again, bm.num_cached_tokens(again, 5), 5)
     again.num_computed_tokens = 5
@@ -406,7 +409,7 @@ def test_schedule_time_registration_shares_within_a_step(register):
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     plain = LLM((MODEL, TOKENIZER), block_size=4, kv_cache_memory=2**20)
     expected = [o.token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
-    bm = PrefixCachingBlockManager(2**20 // (4 * 512), 4, register=register)
+    bm = BlockManager(2**20 // (4 * 512), 4, register=register, enable_caching=True)
     llm = LLM((MODEL, TOKENIZER), block_size=4, kv_cache_memory=2**20, block_manager=bm)
     assert [o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
     # All twelve are admitted in the first step.
@@ -418,7 +421,7 @@ def test_schedule_time_registration_shares_within_a_step(register):
 
 def test_register_must_be_a_known_moment():
     with pytest.raises(ValueError, match="register"):
-        PrefixCachingBlockManager(4, 2, register="allocated")
+        BlockManager(4, 2, register="allocated", enable_caching=True)
 
 
 @settings(max_examples=200, deadline=None)

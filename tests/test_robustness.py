@@ -17,9 +17,9 @@ from hypothesis.stateful import (
 )
 from reference import greedy_alone
 
-from pagedkv_lab.engine import SamplingParams
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import load_model
+from pagedkv_lab.sampling_params import SamplingParams
 
 MODEL, TOKENIZER = load_model("tiny-llama")
 BYTES_PER_TOKEN = 512  # tiny-llama, fp32
@@ -74,7 +74,7 @@ def _assert_pool_consistent(llm: LLM) -> None:
         for g in llm.scheduler.running
         for s in g.seqs
         if s.block_table is not None
-        for b in s.block_table.blocks
+        for b in s.block_table
     )
     assert all(s.block_table is None for g in llm.scheduler.waiting for s in g.seqs)
     for block, count in enumerate(bm.ref_counts):
@@ -111,7 +111,7 @@ def test_a_bad_prompt_rejects_the_whole_call_and_queues_nothing(bad, message):
     llm = _llm()
     with pytest.raises(ValueError, match=message):
         llm.generate([[1, 5], bad, [1, 6]], _greedy(3), use_tqdm=False)
-    assert not llm.scheduler.has_unfinished and not llm._requests
+    assert not llm.scheduler.has_unfinished and not llm.output_processor.states
     out = llm.generate([[1, 5]], _greedy(3), use_tqdm=False)
     assert out[0].token_ids == _solo((1, 5), 3)
 
@@ -242,7 +242,7 @@ def test_a_one_off_forward_fault_fails_nobody():
 
 @pytest.mark.parametrize("where", ["group", "batch"])
 def test_a_sampler_fault_fails_only_its_request_and_nothing_wedges(where, monkeypatch):
-    """The fault is in the group's own sampling hook (`sampling_rows`, which the
+    """The fault is in the group's own sampling hook (`samplers`, which the
     engine asks of every group that does not keep the default), or in the
     batched sampler whenever the bad request's rows are in the batch (then
     every group is sampled alone, and only the bad one fails)."""
@@ -256,20 +256,21 @@ def test_a_sampler_fault_fails_only_its_request_and_nothing_wedges(where, monkey
     if where == "group":
 
         class BrokenGroup(type(bad)):
-            sampling_rows = broken_sampler
+            samplers = broken_sampler
 
         bad.__class__ = BrokenGroup
     else:
-        import pagedkv_lab.llm as llm_module
+        real = llm.runner.sampler
 
-        real = llm_module.sample_tokens
+        class BrokenSampler:
+            batch = property(lambda self: real.batch)
 
-        def sample_tokens(logits, seqs, eos=None, batch=None):
-            if any(s in bad.seqs for s in seqs):
-                broken_sampler()
-            return real(logits, seqs, eos, batch)
+            def __call__(self, logits, plan):
+                if any(s in bad.seqs for s in plan.sample_seqs):
+                    broken_sampler()
+                return real(logits, plan)
 
-        monkeypatch.setattr(llm_module, "sample_tokens", sample_tokens)
+        llm.runner.sampler = BrokenSampler()
     outs = {o.request_id: o for o in _drain(llm)}
     assert outs[rids[1]].finish_reason == "error"
     assert "FloatingPointError: injected sampler fault" == outs[rids[1]].error
@@ -356,11 +357,11 @@ class EngineMachine(RuleBasedStateMachine):
     def generate(self, prompts, max_tokens, bad_at):
         if bad_at is not None:
             prompts.insert(min(bad_at, len(prompts)), [1, 999])
-        queued = len(self.llm._requests)
+        queued = len(self.llm.output_processor.states)
         if bad_at is not None or not all(self._fits(p, max_tokens) for p in prompts):
             with pytest.raises(ValueError, match="prompt"):
                 self.llm.generate(prompts, _greedy(max_tokens), use_tqdm=False)
-            assert len(self.llm._requests) == queued
+            assert len(self.llm.output_processor.states) == queued
             return
         outs = self.llm.generate(prompts, _greedy(max_tokens), use_tqdm=False)
         for prompt, out in zip(prompts, outs):
@@ -376,10 +377,10 @@ class EngineMachine(RuleBasedStateMachine):
     def step(self):
         self._collect(self.llm.step())
 
-    @precondition(lambda self: self.llm._requests)
+    @precondition(lambda self: self.llm.output_processor.states)
     @rule(data=st.data())
     def abort(self, data):
-        rid = data.draw(st.sampled_from(sorted(self.llm._requests)))
+        rid = data.draw(st.sampled_from(sorted(self.llm.output_processor.states)))
         out = self.llm.abort(rid)
         assert out.finish_reason == "abort"
         self.expected[rid] = "abort"
@@ -400,7 +401,7 @@ class EngineMachine(RuleBasedStateMachine):
             raise RuntimeError("injected sampler fault")
 
         class BrokenGroup(type(group)):
-            sampling_rows = broken
+            samplers = broken
 
         group.__class__ = BrokenGroup
         self.expected[group.request_id] = None

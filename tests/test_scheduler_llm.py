@@ -4,13 +4,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import greedy_alone
+from reference import fake_step, greedy_alone
 
-from pagedkv_lab.block_manager import BlockManager
-from pagedkv_lab.engine import SamplingParams, Sequence
+from pagedkv_lab.engine.block_manager import BlockManager
+from pagedkv_lab.engine.scheduler import Scheduler
+from pagedkv_lab.engine.sequence import Sequence, SequenceGroup
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import load_model
-from pagedkv_lab.scheduler import Scheduler, SequenceGroup
+from pagedkv_lab.sampling_params import SamplingParams
 
 
 @settings(max_examples=80, deadline=None)
@@ -50,17 +51,13 @@ def test_scheduler_serves_everything_without_deadlock_or_leaks(
         assert not plan.block_copies
         assert sched.num_running_seqs <= max_num_seqs
         assert sum(plan.num_new_tokens) <= budget
-        owned = [b for g in sched.running for s in g.seqs for b in s.block_table.blocks]
+        owned = [b for g in sched.running for s in g.seqs for b in s.block_table]
         assert len(owned) == len(set(owned))
         assert len(owned) + bm.num_free_blocks == bm.num_blocks
-        for s, n in zip(plan.seqs, plan.num_new_tokens):
-            assert n >= 1 and s.num_computed_tokens + n <= s.num_tokens
-            assert len(s.block_table.blocks) * block_size >= s.num_computed_tokens + n
-            # What the engine does after a forward pass.
-            s.num_computed_tokens += n
-            if s.num_computed_tokens == s.num_tokens:
-                s.append_token(5, None, 10_000)
-        sched.free_finished()
+        for s, first, n in zip(plan.seqs, plan.starts, plan.num_new_tokens):
+            assert n >= 1 and first + n == s.num_computed_tokens <= s.num_tokens
+            assert len(s.block_table) * block_size >= first + n
+        fake_step(sched, plan)
     assert not sched.has_unfinished and bm.num_free_blocks == bm.num_blocks
     assert all(len(s.output_token_ids) == o for s, (_, o) in zip(seqs, requests))
 

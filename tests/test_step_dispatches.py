@@ -70,16 +70,27 @@ def test_the_count_sees_a_per_row_loop(monkeypatch):
     """The instrument itself: the chapter's per-row sampler, put in the step's
     place, makes the count grow (a test that could not fail would prove nothing)."""
     import torch
+    from reference import sample_per_row
 
-    import pagedkv_lab.llm as llm_module
-    from pagedkv_lab.engine import sample
-    from pagedkv_lab.sampling import SampledTokens
+    from pagedkv_lab.engine.model_runner import ModelRunner
+    from pagedkv_lab.engine.sampler import SampledTokens
 
-    def per_row(logits, seqs, eos=None, batch=None):
-        tokens = torch.tensor(sample(logits, seqs))
-        return SampledTokens(tokens, torch.cat([tokens.double(), tokens.double() * 0]))
+    class PerRow:
+        batch = None
 
-    monkeypatch.setattr(llm_module, "sample_tokens", per_row)
+        def __call__(self, logits, plan):
+            tokens = torch.tensor(sample_per_row(logits, plan.sample_seqs))
+            values = torch.cat([tokens.double(), tokens.double() * 0])
+            return SampledTokens(tokens, values, {"n": len(tokens), "tops": None,
+                                                  "prompt": [], "beams": []})  # fmt: skip
+
+    real_init = ModelRunner.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.sampler = PerRow()
+
+    monkeypatch.setattr(ModelRunner, "__init__", init)
     small = sum(steady_decode_ops(8, MIXES["temperature, seeded"]).values())
     large = sum(steady_decode_ops(64, MIXES["temperature, seeded"]).values())
     assert large > small

@@ -70,7 +70,7 @@ def test_viewer_frames_cover_the_pool_and_follow_the_simulation():
 def test_paged_viewer_draws_the_allocators_own_block_tables():
     """The viewer's tables are the allocator's lists, in logical order, not sorted."""
     from pagedkv_lab.course.widgets import paged_trace_frames
-    from pagedkv_lab.paging import PagedPool
+    from pagedkv_lab.sim.paged import PagedPool
     from pagedkv_lab.sim.workloads import simulate
 
     recorded = {}

@@ -85,7 +85,7 @@ def _positions(model: str) -> int:
 
 def _requests(prompts, max_tokens, temperature: float) -> list:
     """``(prompt, SamplingParams)`` pairs as nano-vllm's bench asks for them."""
-    from pagedkv_lab.sampling import RequestOutputKind, SamplingParams
+    from pagedkv_lab.sampling_params import RequestOutputKind, SamplingParams
 
     return [(prompt, SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True,
                                     output_kind=RequestOutputKind.FINAL_ONLY))
@@ -182,9 +182,8 @@ def nanovllm_benchmark(
               async_scheduling=async_scheduling)  # fmt: skip
     vocab = llm.model.config.vocab_size
     prompts = [[t % vocab for t in p] for p in prompts]
-    capture = getattr(llm.runner, "capture_all", None)
-    if capture is not None:  # nano-vllm captures its graphs when it starts
-        capture()
+    if llm.runner.graphs is not None:  # nano-vllm captures its graphs when it starts
+        llm.runner.graphs.capture_all()
     llm.generate([prompts[0][:16]], use_tqdm=False)  # nano-vllm's warm-up request
     startup = time.perf_counter() - t0
     bandwidth = copy_bandwidth(device)
@@ -205,9 +204,10 @@ def nanovllm_benchmark(
         "steps": ours["steps"], "floor_seconds": ours["floor_seconds"],
         "breakdown": ours["breakdown"],
         "copy_GBps": bandwidth / 1e9, "weight_GB": weights / 1e9,
-        "startup_s": startup, "runner": type(llm.runner).__name__,
+        "startup_s": startup, "runner": type(llm.runner.forward).__name__,
+        "cuda_graphs": llm.runner.graphs is not None,
         "async_scheduling": llm.async_scheduling,
-        "layer_ops": type(getattr(llm.runner, "ops", None)).__name__,
+        "layer_ops": type(getattr(llm.runner.forward, "ops", None)).__name__,
         "workload": {"max_input_len": max_input_len, "max_output_len": max_output_len,
                      "min_len": min_len, "temperature": temperature,
                      "max_model_len": max_model_len, "seed": seed},
@@ -220,7 +220,7 @@ def nanovllm_benchmark(
         result["profile"] = str(profile)
     budget_tokens = llm.runner.kv_cache.num_blocks * llm.runner.kv_cache.block_size
     block_size = llm.runner.kv_cache.block_size
-    del llm, capture
+    del llm
     gc.collect()  # the engine's pool and graphs go before the peer loads its model
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -42,7 +42,7 @@ from pagedkv_lab.bench.peers import find_vllm_python
 from pagedkv_lab.bench.serve import serve_benchmark
 from pagedkv_lab.bench.timing import time_call, time_calls, trace
 from pagedkv_lab.device import by_device, device_report
-from pagedkv_lab.engine import SamplingParams
+from pagedkv_lab.sampling_params import SamplingParams
 
 SECTIONS = ("kernel", "serve", "sampling", "rate", "blocks")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -624,7 +624,7 @@ def blocks_section(
     from chapter 03's simulator on a full-size W1 trace; kernel time by block
     size from ``kernel`` (`kernel_section`) when given."""
     from pagedkv_lab.llm import LLM
-    from pagedkv_lab.paging import PagedPool
+    from pagedkv_lab.sim.paged import PagedPool
     from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     n = num_requests or by_device(16, 256, device)

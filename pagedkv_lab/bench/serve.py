@@ -60,7 +60,7 @@ class _OursRunner:
             self.block_bytes = spec.bytes_per_token * setup.block_size
 
     def run(self, prompts: list[list[int]], max_tokens: list[int]) -> dict:
-        from pagedkv_lab.engine import SamplingParams
+        from pagedkv_lab.sampling_params import SamplingParams
 
         params = [
             SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
@@ -325,9 +325,11 @@ def count_steps(
     as many passes as its longest output; ``hf-continuous`` and ``vllm`` have
     schedulers of their own and are counted as ``pagedkv`` (an estimate).
     """
-    from pagedkv_lab.block_manager import BlockManager
-    from pagedkv_lab.engine import SamplingParams, Sequence
-    from pagedkv_lab.scheduler import Scheduler, SequenceGroup
+    from pagedkv_lab.engine.block_manager import BlockManager
+    from pagedkv_lab.engine.sampler import SampledOutput
+    from pagedkv_lab.engine.scheduler import Scheduler
+    from pagedkv_lab.engine.sequence import Sequence, SequenceGroup
+    from pagedkv_lab.sampling_params import SamplingParams
 
     budget_tokens = budget_requests * max_model_len
     batched = max_num_batched_tokens or max(512, max_model_len)
@@ -346,11 +348,8 @@ def count_steps(
         steps = 0
         while sched.has_unfinished:
             plan, steps = sched.schedule(), steps + 1
-            for seq, n in zip(plan.seqs, plan.num_new_tokens):
-                seq.num_computed_tokens += n
-                if seq.num_computed_tokens == seq.num_tokens:
-                    seq.append_token(5, None, max_model_len)
-            sched.free_finished()
+            n = len(plan.sample_seqs)  # every sampled token is 5
+            sched.postprocess(plan, SampledOutput([5] * n, [0.0] * n, [None] * n, {}, []))
         return steps
 
     counts = {}

@@ -34,23 +34,24 @@ class _Step:
 class StepClock:
     """Times every step of ``llm``: call `step` instead of ``llm.step``.
 
-    The forward pass (`EngineCore._forward`) and the sampling
-    (`EngineCore._sample`) are bracketed, on a GPU by CUDA events, read only
-    once the run is over (`summary`), so that the clock adds no wait of its own;
-    the host's waits are the `SampledTokens.read` waits the engine reports.
-    The clock wraps those two methods of this one engine (an instrument, as
+    The model runner's forward pass (`ModelRunner.logits`, packing included)
+    and its sampler are bracketed, on a GPU by CUDA events, read only once the
+    run is over (`summary`), so that the clock adds no wait of its own; the
+    host's waits are the `SampledTokens.read` waits the engine reports. The
+    clock stands in for the runner's two collaborators (an instrument, as
     ``scripts/host_step_time.py``'s), and `detach` puts them back.
     """
 
     def __init__(self, llm):
         self.llm = llm
-        self.cuda = llm.runner.device.type == "cuda"
+        runner = llm.runner
+        self.cuda = runner.device.type == "cuda"
         self.steps: list[_Step] = []
         self._current: _Step | None = None
-        self._wrapped = {}
-        for method, span in (("_forward", "forward"), ("_sample", "sampling")):
-            self._wrap(method, span)
-        self._wrap_accept()
+        self._sampled: list = []
+        self._saved = {"logits": runner.logits, "sampler": runner.sampler}
+        runner.logits = self._timed(runner.logits, "forward")
+        runner.sampler = self._timed(runner.sampler, "sampling", keep=True)
 
     def _mark(self):
         if self.cuda:
@@ -59,38 +60,29 @@ class StepClock:
             return event
         return time.perf_counter()
 
-    def _wrap(self, method: str, span: str) -> None:
-        original = getattr(self.llm, method)
-        self._wrapped[method] = original
+    def _timed(self, fn, span: str, keep: bool = False):
+        clock = self
 
-        def timed(*args, **kwargs):
-            start = self._mark()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                if self._current is not None:
-                    self._current.spans[span].append((start, self._mark()))
+        class Timed:
+            batch = property(lambda _: getattr(fn, "batch", None))
 
-        setattr(self.llm, method, timed)
+            def __call__(self, *args, **kwargs):
+                start = clock._mark()
+                try:
+                    out = fn(*args, **kwargs)
+                finally:
+                    if clock._current is not None:
+                        clock._current.spans[span].append((start, clock._mark()))
+                if keep and out is not None:
+                    clock._sampled.append(out)
+                return out
 
-    def _wrap_accept(self) -> None:
-        original = self.llm._accept
-        self._wrapped["_accept"] = original
-
-        def accept(part):
-            try:
-                return original(part)
-            finally:
-                if self._current is not None:
-                    self._current.waited += part.tokens.waited
-
-        self.llm._accept = accept
+        return Timed()
 
     def detach(self) -> None:
-        """Give the engine its own methods back."""
-        for method in self._wrapped:
-            delattr(self.llm, method)
-        self._wrapped = {}
+        """Give the runner its own collaborators back."""
+        runner = self.llm.runner
+        runner.logits, runner.sampler = self._saved["logits"], self._saved["sampler"]
 
     def step(self) -> list:
         """``llm.step()``, timed."""
@@ -100,6 +92,9 @@ class StepClock:
             return self.llm.step()
         finally:
             self._current.wall = time.perf_counter() - start
+            done = [t for t in self._sampled if t.waited or t._ready is None]
+            self._current.waited = sum(t.waited for t in done)
+            self._sampled = [t for t in self._sampled if t not in done]
             plan = self.llm.last_plan
             self._current.decode_only = bool(plan is not None and plan.decode_only)
             self._current.batch = 0 if plan is None else len(plan.seqs)
@@ -231,5 +226,5 @@ def step_ops(llm) -> collections.Counter[str]:
         with Counting():
             llm.step()
     finally:
-        del runner.forward
+        runner.forward = forward
     return counts

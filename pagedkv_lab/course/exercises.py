@@ -352,7 +352,7 @@ def check_tail_waste(fn: Callable) -> bool:
 
 
 def _preemptions_reference(watermark: float) -> int:
-    from pagedkv_lab.paging import PagedPool
+    from pagedkv_lab.sim.paged import PagedPool
     from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     trace = chat_workload(150, seed=0, arrival_rate=1.0, max_model_len=2048)
@@ -568,9 +568,10 @@ def check_continuous_steps(fn: Callable) -> bool:
 def _demo_preemptions(watermark: float) -> int:
     """Chapter 06's scheduler demo, without the model: with EOS ignored the
     schedule does not depend on which tokens are sampled."""
-    from pagedkv_lab.block_manager import BlockManager
-    from pagedkv_lab.engine import SamplingParams, Sequence
-    from pagedkv_lab.scheduler import Scheduler, SequenceGroup
+    from pagedkv_lab.engine.block_manager import BlockManager
+    from pagedkv_lab.engine.scheduler import Scheduler
+    from pagedkv_lab.engine.sequence import Sequence, SequenceGroup
+    from pagedkv_lab.sampling_params import SamplingParams
 
     sched = Scheduler(
         BlockManager(10, 4), max_model_len=2048, max_num_seqs=4, watermark=watermark
@@ -608,8 +609,9 @@ def check_demo_preemptions(fn: Callable) -> bool:
 def _fork_and_write(prompt_len: int, n: int, k: int, block_size: int):
     """Drive a real BlockManager: allocate a prompt, fork it n - 1 times, then
     let every sequence append k tokens. Returns (blocks held, copies made)."""
-    from pagedkv_lab.block_manager import BlockManager
-    from pagedkv_lab.engine import SamplingParams, Sequence
+    from pagedkv_lab.engine.block_manager import BlockManager
+    from pagedkv_lab.engine.sequence import Sequence
+    from pagedkv_lab.sampling_params import SamplingParams
 
     bm = BlockManager(4 * n * (prompt_len + k) // block_size + 8, block_size)
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
@@ -692,7 +694,7 @@ def check_unshared_blocks(fn: Callable) -> bool:
 
 def check_block_keys(fn: Callable) -> bool:
     """``fn(tokens, block_size) -> list[int]``: chained keys of full blocks."""
-    from pagedkv_lab.prefix_cache import chained_hash
+    from pagedkv_lab.engine.prefix_cache import chained_hash
 
     def reference(tokens, bs):
         keys, key = [], None

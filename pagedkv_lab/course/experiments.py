@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from pagedkv_lab.engine import SamplingParams, make_generator
-from pagedkv_lab.groups import BeamSearchParams
+from pagedkv_lab.engine.sequence import sample_seed
 from pagedkv_lab.llm import LLM
+from pagedkv_lab.sampling_params import BeamSearchParams, SamplingParams
 from pagedkv_lab.sim.workloads import SHAREGPT_MEAN_OUTPUT, SHAREGPT_MEAN_PROMPT
 
 
@@ -228,7 +228,6 @@ def sharing_saving(
         kv_cache_memory=_bytes_for_tokens(model, 2 * width * total + 64 * block_size),
         device=None if isinstance(model, tuple) else device,
     )
-    llm.eos_token_ids = frozenset()
     if beam_width:
         for p, o in zip(prompts, output_lens):
             llm.beam_search([p], BeamSearchParams(beam_width, o, ignore_eos=True))
@@ -295,15 +294,10 @@ def sharing_designs(
             max_model_len=min(kv_tokens, 2048),
             device=None if isinstance(model, tuple) else device,
         )
-        llm.eos_token_ids = frozenset()
         llm.block_manager.eager_fork_copy = design == "eager tail copy"
         t0 = time.perf_counter()
         if design == "no sharing":
-            seeds = [
-                make_generator(i, j).initial_seed()
-                for i in range(len(prompts))
-                for j in range(n)
-            ]
+            seeds = [sample_seed(i, j) for i in range(len(prompts)) for j in range(n)]
             params = [
                 SamplingParams(
                     temperature=1.0, seed=seed, max_tokens=o, ignore_eos=True
@@ -349,13 +343,12 @@ REQUEST_ORDERS = ("fcfs", "longest prefix first", "sorted")
 
 
 def _block_cache(kind: str, capacity_tokens: int, block_size: int):
-    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.engine.block_manager import BlockManager
 
     policy = {"fifo": "fifo", "evict-all": "evict-all"}.get(kind, "lru")
     order = "head-first" if kind == "lru head-first" else "tail-first"
-    return PrefixCachingBlockManager(
-        capacity_tokens // block_size, block_size, policy=policy, free_order=order
-    )
+    return BlockManager(capacity_tokens // block_size, block_size, enable_caching=True,
+                        policy=policy, free_order=order)  # fmt: skip
 
 
 def _next_request(waiting: list, order: str, hit_of) -> int:
@@ -388,8 +381,9 @@ def prefix_cache_run(
     """
     from collections import deque
 
-    from pagedkv_lab.engine import SamplingParams, Sequence
-    from pagedkv_lab.prefix_cache import RadixCache
+    from pagedkv_lab.engine.sequence import Sequence
+    from pagedkv_lab.sampling_params import SamplingParams
+    from pagedkv_lab.sim.radix import RadixCache
 
     waiting = list(requests)
     if order == "sorted":
@@ -486,11 +480,12 @@ def shared_prefix_memory(requests: list, block_size: int = 16) -> dict:
     """All ``requests`` running at once, their prompts' K/V in the pool: blocks
     with prefix caching (the shared prefix stored once; requests admitted one
     after another, so each finds the earlier ones' blocks) and without."""
-    from pagedkv_lab.engine import SamplingParams, Sequence
-    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.engine.block_manager import BlockManager
+    from pagedkv_lab.engine.sequence import Sequence
+    from pagedkv_lab.sampling_params import SamplingParams
 
     need = sum(-(-len(r.prompt) // block_size) for r in requests)
-    bm = PrefixCachingBlockManager(need, block_size)
+    bm = BlockManager(need, block_size, enable_caching=True)
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     for r in requests:
         seq = Sequence(r.prompt, params)
@@ -507,7 +502,7 @@ def hash_cost(
 ) -> dict[str, float]:
     """Nanoseconds per token to compute a prompt's chained block keys, for
     Python's ``hash`` and hashlib digests (and xxhash when it is installed)."""
-    from pagedkv_lab.prefix_cache import chained_hash, digest_hash
+    from pagedkv_lab.engine.prefix_cache import chained_hash, digest_hash
 
     fns = {"python hash": chained_hash}
     fns.update({name: digest_hash(name) for name in ("blake2b", "sha256")})
@@ -545,9 +540,9 @@ def hash_cost(
 def _engine_runner(model, num_blocks: int, block_size: int, max_model_len: int):
     """The runner `LLM` would use for ``model`` (chapter 05's fused one where the
     layout allows), so that timings compare like with like."""
-    from pagedkv_lab.fused import runner_class
+    from pagedkv_lab.engine.model_runner import ModelRunner
 
-    return runner_class(model)(model, num_blocks, block_size, max_model_len)
+    return ModelRunner(model, num_blocks, block_size, max_model_len)
 
 
 def _best_seconds(fn, repeats: int) -> float:
@@ -568,16 +563,15 @@ def copy_bandwidth(
 ) -> list[dict]:
     """Swap-out bandwidth (device cache -> host pool) against the number of
     blocks moved at once, copying block by block and layer by layer (one small
-    copy per block, layer and K/V) or batched (`CpuBlockPool.copy_out`: one
+    copy per block, layer and K/V) or batched (`PagedKVCache.swap_out`: one
     gather and one transfer for all of them). GB/s counts the bytes moved."""
-    from pagedkv_lab.engine import PagedKVCache
+    from pagedkv_lab.engine.kv_cache import PagedKVCache
     from pagedkv_lab.models import load_model
-    from pagedkv_lab.preemption import CpuBlockPool
 
     loaded = load_model(model)[0] if isinstance(model, str) else model[0]
     top = max(block_counts)
-    cache = PagedKVCache(loaded.config, 2 * top, block_size, loaded.dtype, "cpu")
-    pool = CpuBlockPool(cache, top)
+    cache = PagedKVCache(loaded.config, 2 * top, block_size, loaded.dtype, "cpu",
+                         swap_blocks=top)  # fmt: skip
     layers = cache.data.shape[0]
     rows = []
     for n in block_counts:
@@ -587,11 +581,11 @@ def copy_bandwidth(
             for g, c in moves:
                 for layer in range(layers):
                     for kv in (0, 1):
-                        pool.data[layer, kv, c].copy_(cache.data[layer, kv, g])
+                        cache.host[layer, kv, c].copy_(cache.data[layer, kv, g])
 
-        nbytes = n * pool.bytes_per_block
+        nbytes = n * cache.bytes_per_block
         slow = _best_seconds(one_by_one, repeats)
-        fast = _best_seconds(lambda moves=moves: pool.copy_out(cache, moves), repeats)
+        fast = _best_seconds(lambda moves=moves: cache.swap_out(moves), repeats)
         rows.append(
             {
                 "blocks": n,
@@ -614,34 +608,33 @@ def recompute_and_swap_seconds(
     """For a sequence of each length: seconds to recompute its K/V (one prefill
     forward pass of that many tokens) and to swap it out and back in (both
     batched copies), measured on this device."""
-    from pagedkv_lab.engine import SamplingParams, Sequence
+    from pagedkv_lab.engine.model_runner import ModelRunner
+    from pagedkv_lab.engine.sequence import Sequence
     from pagedkv_lab.models import load_model
-    from pagedkv_lab.paging import BlockAllocator, BlockTable
-    from pagedkv_lab.preemption import CpuBlockPool
+    from pagedkv_lab.sampling_params import SamplingParams
 
     pair = load_model(model, device=device) if isinstance(model, str) else model
     loaded = pair[0]
     top = max(lengths)
     blocks = -(-top // block_size)
-    runner = _engine_runner(loaded, blocks, block_size, max_model_len=top + 1)
-    pool = CpuBlockPool(runner.kv_cache, blocks)
+    runner = ModelRunner(loaded, blocks, block_size, top + 1, swap_blocks=blocks)
+    cache = runner.kv_cache
     rows = []
     for n in lengths:
         (prompt,) = prompts_for([n], seed=n)
+        used = -(-n // block_size)
 
-        def prefill(prompt=prompt, n=n):
+        def prefill(prompt=prompt, n=n, used=used):
             seq = Sequence(prompt, SamplingParams(max_tokens=1))
-            seq.block_table = BlockTable(BlockAllocator(blocks, block_size))
-            seq.block_table.append(n)
+            seq.block_table = list(range(used))
             runner.run([seq], [n])
 
-        used = -(-n // block_size)
         out = [(b, b) for b in range(used)]
 
         def swap(out=out):
-            pool.copy_out(runner.kv_cache, out)
-            pool.copy_in(runner.kv_cache, out)
-            if runner.kv_cache.data.is_cuda:
+            cache.swap_out(out)
+            cache.swap_in(out)
+            if cache.data.is_cuda:
                 torch.cuda.synchronize()
 
         rows.append(
@@ -649,7 +642,7 @@ def recompute_and_swap_seconds(
                 "tokens": n,
                 "recompute_s": _best_seconds(prefill, repeats),
                 "swap_s": _best_seconds(swap, repeats),
-                "swap_bytes": 2 * used * pool.bytes_per_block,
+                "swap_bytes": 2 * used * cache.bytes_per_block,
             }
         )
     return rows
@@ -661,7 +654,6 @@ def pressure_run(model, prompts, params, **llm_settings) -> dict:
     tokens per generated token, the work a comparison of throughputs must show
     beside them), the latency percentiles and the generated tokens."""
     llm = LLM(model, **llm_settings)
-    llm.eos_token_ids = frozenset()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
@@ -679,7 +671,8 @@ def pressure_run(model, prompts, params, **llm_settings) -> dict:
         "generated": generated,
         "recomputed_per_token": sched.num_recomputed_tokens / max(1, generated),
         "tokens_computed": s.tokens_computed,
-        "bytes_swapped": space.bytes_moved if space is not None else 0,
+        "bytes_swapped": (space.blocks_out + space.blocks_in) * llm.runner.kv_cache.bytes_per_block
+        if space is not None else 0,
         "seconds": seconds,
         "output_tok_per_s": generated / seconds,
         "ttft_p50": float(ttft.quantile(0.5)),
@@ -705,16 +698,16 @@ def static_vs_continuous(
 ) -> dict:
     """Chapter 06's comparison inside one engine: serve ``requests`` (chapter
     02's `Request`, greedy, EOS ignored) in static batches of ``batch_size``
-    with `engine.run_to_completion`, each batch running as long as its longest
+    with `run_to_completion`, each batch running as long as its longest
     request, and with continuous batching (`LLM`, at most ``batch_size`` running
     at once). Both get KV memory for ``batch_size`` full-length requests.
 
     Returns the iterations (forward passes) and seconds of each, and the tokens
     generated (identical by construction: greedy, same model)."""
-    from pagedkv_lab.engine import Sequence, run_to_completion
+    from pagedkv_lab.engine.block_manager import BlockAllocator
+    from pagedkv_lab.engine.sequence import Sequence
     from pagedkv_lab.kvmath import KVSpec
     from pagedkv_lab.models import load_model
-    from pagedkv_lab.paging import BlockAllocator, BlockTable
 
     pair = load_model(model, device=device) if isinstance(model, str) else model
     loaded = pair[0]
@@ -729,13 +722,11 @@ def static_vs_continuous(
     t0 = time.perf_counter()
     for i in range(0, len(requests), batch_size):
         alloc = BlockAllocator(num_blocks, block_size)
-        batch = [
-            Sequence(p, sp, BlockTable(alloc))
-            for p, sp in zip(prompts[i : i + batch_size], params[i : i + batch_size])
-        ]
+        batch = [Sequence(p, sp) for p, sp in zip(prompts[i : i + batch_size],
+                                                   params[i : i + batch_size])]  # fmt: skip
         # One forward pass per token of the batch's longest request.
         static_steps += max(sp.max_tokens for sp in params[i : i + batch_size])
-        run_to_completion(runner, batch, None)
+        run_to_completion(runner, batch, alloc)
         static_tokens += [s.output_token_ids for s in batch]
     static_s = time.perf_counter() - t0
     llm = LLM(
@@ -809,8 +800,9 @@ def unchained_key_trap(model="tiny-llama", block_size: int = 16) -> list[dict]:
     the block's own tokens and no verification, ``b`` is served ``a``'s K/V,
     computed after the wrong prefix. Returns, per key design, the tokens ``b``
     found cached and whether its greedy output is still correct."""
+    from pagedkv_lab.engine.block_manager import BlockManager
+    from pagedkv_lab.engine.prefix_cache import chained_hash
     from pagedkv_lab.models import load_model
-    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager, chained_hash
 
     pair = load_model(model) if isinstance(model, str) else model
     per_token = _bytes_for_tokens(pair, 1)
@@ -826,7 +818,7 @@ def unchained_key_trap(model="tiny-llama", block_size: int = 16) -> list[dict]:
         ("own tokens, verified", own_tokens_key, True),
         ("chained key", chained_hash, True),
     ]:
-        bm = PrefixCachingBlockManager(256, block_size, hash_fn=key, verify=verify)
+        bm = BlockManager(256, block_size, enable_caching=True, hash_fn=key, verify=verify)
         llm = LLM(pair, block_size=block_size, kv_cache_memory=memory, block_manager=bm)
         llm.generate([first_b + [9], a], sp, use_tqdm=False)
         before = bm.stats.hits
@@ -843,9 +835,9 @@ def unchained_key_trap(model="tiny-llama", block_size: int = 16) -> list[dict]:
 
 
 def _eager_registration_class():
-    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.engine.block_manager import BlockManager
 
-    class EagerRegistration(PrefixCachingBlockManager):
+    class EagerRegistration(BlockManager):
         """The trap: take and register all of a prompt's blocks at admission,
         before their K/V are computed."""
 
@@ -868,8 +860,8 @@ def early_registration_trap(
     admission serves it K/V never computed; registering only computed blocks
     (the library's) does not. Returns, per design, the tokens found cached and
     whether the output is correct."""
+    from pagedkv_lab.engine.block_manager import BlockManager
     from pagedkv_lab.models import load_model
-    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
 
     pair = load_model(model) if isinstance(model, str) else model
     memory = 256 * block_size * _bytes_for_tokens(pair, 1)
@@ -880,9 +872,9 @@ def early_registration_trap(
     rows = []
     for name, cls in [
         ("registered at admission", _eager_registration_class()),
-        ("registered when computed", PrefixCachingBlockManager),
+        ("registered when computed", BlockManager),
     ]:
-        bm = cls(256, block_size)
+        bm = cls(256, block_size, enable_caching=True)
         llm = LLM(
             pair,
             block_size=block_size,
@@ -905,13 +897,13 @@ def eviction_order_trap() -> dict[str, list[tuple[int, ...]]]:
     so it is the most recently used; then one block must be evicted. Returns the
     tokens of the blocks still cached under each policy: true LRU keeps ``a``,
     the dictionary-walking "LRU" (``policy="fifo"``) evicts it."""
-    from pagedkv_lab.engine import Sequence
-    from pagedkv_lab.prefix_cache import PrefixCachingBlockManager
+    from pagedkv_lab.engine.block_manager import BlockManager
+    from pagedkv_lab.engine.sequence import Sequence
 
     params = SamplingParams(max_tokens=1, ignore_eos=True)
     kept = {}
     for policy in ("lru", "fifo"):
-        bm = PrefixCachingBlockManager(4, 2, policy=policy)
+        bm = BlockManager(4, 2, enable_caching=True, policy=policy)
         for tokens in ([1, 1, 9], [2, 2, 9], [3, 3, 9]):
             seq = Sequence(tokens, params)
             bm.allocate(seq, 0, 2)

@@ -231,7 +231,7 @@ def paged_trace_frames(
     ``tables`` maps request id -> its block table, the allocator's own list of
     physical blocks in logical order.
     """
-    from pagedkv_lab.paging import PagedPool
+    from pagedkv_lab.sim.paged import PagedPool
     from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     requests = chat_workload(
@@ -670,47 +670,39 @@ def trace_beam_search(
     """
     import torch
 
-    from pagedkv_lab.groups import BeamSearchGroup, BeamSearchParams
-    from pagedkv_lab.llm import LLM, RequestMetrics
+    from pagedkv_lab.engine.groups import BeamSearchGroup
+    from pagedkv_lab.llm import LLM
+    from pagedkv_lab.sampling_params import BeamSearchParams
 
-    class Tracer(LLM):
-        """An `LLM` that snapshots the block tables at each forward pass."""
-
-        def _record_held_blocks(self) -> None:
-            super()._record_held_blocks()
-            plan = self.last_plan
-            sources = {src for src, _ in plan.block_copies}
-            refs = self.block_manager.ref_counts
-            beams, in_place = [], set()
-            for seq, n in zip(plan.seqs, plan.num_new_tokens):
-                blocks = list(seq.block_table.blocks)
-                first = seq.num_computed_tokens // block_size
-                last = (seq.num_computed_tokens + n - 1) // block_size
-                in_place |= sources & set(blocks[first : last + 1])
-                name = names.setdefault(seq.seq_id, len(names))
-                beams.append((name, blocks, seq.num_computed_tokens + n))
-            frames.append({
-                "step": len(frames),
-                "beams": beams,
-                "refs": {b: refs[b] for _, blocks, _ in beams for b in blocks},
-                "copies": list(plan.block_copies),
-                "in_place": in_place,
-            })  # fmt: skip
-
+    llm = LLM(model, block_size=block_size, kv_cache_memory=2**20, weights_seed=seed)
+    sched, runner = llm.scheduler, llm.runner
+    g = torch.Generator().manual_seed(seed)
+    prompt = [1] + torch.randint(3, 259, (prompt_len - 1,), generator=g).tolist()
+    params = BeamSearchParams(beam_width=beam_width, max_tokens=max_tokens, ignore_eos=True)
+    group = BeamSearchGroup(0, prompt, params)
+    sched.add(group)
     frames: list[dict] = []
     # Beams numbered 0, 1, 2... in order of appearance (sequence ids depend on
     # whatever ran before).
     names: dict[int, int] = {}
-    llm = Tracer(model, block_size=block_size, kv_cache_memory=2**20, weights_seed=seed)
-    llm.eos_token_ids = frozenset()
-    g = torch.Generator().manual_seed(seed)
-    prompt = [1] + torch.randint(3, 259, (prompt_len - 1,), generator=g).tolist()
-    params = BeamSearchParams(beam_width=beam_width, max_tokens=max_tokens)
-    group = BeamSearchGroup(0, prompt, params)
-    llm._requests[0] = (group, None, RequestMetrics(0.0))
-    llm.scheduler.add(group)
-    while llm.has_unfinished_requests():
-        llm.step()
+    while sched.has_unfinished:  # the engine's step, with a look between its halves
+        plan = sched.schedule()
+        sources = {src for src, _ in plan.block_copies}
+        refs = llm.block_manager.ref_counts
+        beams, in_place = [], set()
+        for seq, first, n in zip(plan.seqs, plan.starts, plan.num_new_tokens):
+            blocks = list(seq.block_table)
+            in_place |= sources & set(blocks[first // block_size : (first + n - 1) // block_size + 1])
+            name = names.setdefault(seq.seq_id, len(names))
+            beams.append((name, blocks, first + n))
+        frames.append({
+            "step": len(frames),
+            "beams": beams,
+            "refs": {b: refs[b] for _, blocks, _ in beams for b in blocks},
+            "copies": list(plan.block_copies),
+            "in_place": in_place,
+        })  # fmt: skip
+        sched.postprocess(plan, runner.execute(plan).read())
         frames[-1]["finished"] = len(group.finished)
     for frame, after in zip(frames, frames[1:] + [{"beams": []}]):
         going = {b[0] for b in after["beams"]}
@@ -936,10 +928,10 @@ def trace_preemption(
     the budgets are computed from the loaded model's K/V bytes per token."""
     from pagedkv_lab.course.experiments import prompts_for
     from pagedkv_lab.device import pick_device
-    from pagedkv_lab.engine import SamplingParams
     from pagedkv_lab.kvmath import KVSpec
     from pagedkv_lab.llm import LLM, default_dtype
     from pagedkv_lab.models import load_model
+    from pagedkv_lab.sampling_params import SamplingParams
     from pagedkv_lab.sim.workloads import chat_workload
 
     reqs = chat_workload(
@@ -960,19 +952,19 @@ def trace_preemption(
         preemption_mode=mode,
         swap_space=swap_blocks * per_block if mode == "swap" else 0,
     )
-    llm.eos_token_ids = frozenset()
     assert llm.block_manager.num_blocks == num_blocks
     assert mode != "swap" or llm.swap_space.allocator.num_blocks == swap_blocks
 
     for p, r in zip(prompts_for([r.prompt_len for r in reqs], seed), reqs):
-        llm.add_request(p, SamplingParams(temperature=0, max_tokens=r.output_len))
+        llm.add_request(p, SamplingParams(temperature=0, max_tokens=r.output_len,
+                                          ignore_eos=True))  # fmt: skip
     sched, frames = llm.scheduler, []
     while llm.has_unfinished_requests():
         llm.step()
         device = [None] * num_blocks
         for g in sched.running:
             for s in g.seqs:
-                for b in s.block_table.blocks if s.block_table else []:
+                for b in s.block_table or []:
                     device[b] = g.request_id
         host = [None] * swap_blocks
         owner = {

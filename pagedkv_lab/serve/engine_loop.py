@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pagedkv_lab.llm import LLM, RequestOutput
-from pagedkv_lab.sampling import SamplingParams
+from pagedkv_lab.sampling_params import SamplingParams
 from pagedkv_lab.serve.metrics import EngineSnapshot, ServerMetrics
 from pagedkv_lab.serve.protocol import RequestError
 from pagedkv_lab.tokenizing import chat_prompts

@@ -24,7 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pagedkv_lab.sampling import Logprob, RequestOutputKind, SamplingParams
+from pagedkv_lab.outputs import Logprob
+from pagedkv_lab.sampling_params import RequestOutputKind, SamplingParams
 
 # vLLM's default --max-logprobs.
 MAX_LOGPROBS = 20

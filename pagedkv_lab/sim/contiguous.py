@@ -32,17 +32,25 @@ class Region:
         return self.start + self.length
 
 
-class RegionMap:
-    """The bookkeeping half of a contiguous allocator: the regions handed out,
-    keyed by owner, over a line of ``num_slots`` token slots, and the gaps
-    between them, derived when needed."""
+class ContiguousAllocator:
+    """Hands out contiguous regions of a line of ``num_slots`` token slots:
+    ``fit="first"`` takes the lowest-addressed gap that is large enough,
+    ``fit="best"`` the smallest (ties: lowest address). It keeps the regions
+    handed out, keyed by owner; the gaps between them are derived when needed.
+    Every call costs O(regions): the point of this allocator is what it cannot do.
+    """
 
-    def __init__(self, num_slots: int):
+    def __init__(self, num_slots: int, fit: str = "first"):
         if num_slots < 1:
             raise ValueError(
                 f"the pool needs at least one slot, got num_slots={num_slots}"
             )
-        self.num_slots = num_slots
+        if fit not in ("first", "best", "buddy"):
+            raise ValueError(
+                f"fit must be 'first' or 'best' (or 'buddy' through make_allocator), "
+                f"got {fit!r}"
+            )
+        self.num_slots, self.fit = num_slots, fit
         self.regions: dict[object, Region] = {}  # owner -> its region
 
     def gaps(self) -> list[Region]:
@@ -68,21 +76,6 @@ class RegionMap:
     def size_for(self, n: int) -> int:
         """Slots a request for ``n`` takes: ``n`` here (a buddy allocator rounds up)."""
         return n
-
-
-class ContiguousAllocator(RegionMap):
-    """Hands out contiguous regions: ``fit="first"`` takes the lowest-addressed gap
-    that is large enough, ``fit="best"`` the smallest (ties: lowest address). Every
-    call costs O(regions): the point of this allocator is what it cannot do."""
-
-    def __init__(self, num_slots: int, fit: str = "first"):
-        super().__init__(num_slots)
-        if fit not in ("first", "best"):
-            raise ValueError(
-                f"fit must be 'first' or 'best' (or 'buddy' through make_allocator), "
-                f"got {fit!r}"
-            )
-        self.fit = fit
 
     def _place(self, n: int) -> Region | None:
         fitting = [g for g in self.gaps() if g.length >= n]
@@ -131,8 +124,9 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-class BuddyBlocks(ContiguousAllocator):
-    """The first half of a binary buddy allocator: free lists and splitting.
+class BuddyAllocator(ContiguousAllocator):
+    """A binary buddy allocator (Knowlton 1965): free lists, splitting and
+    (below) merging.
 
     Every region is a block of ``2**k`` slots that starts at a multiple of
     ``2**k``. The pool starts as the largest such blocks that tile it, one per set
@@ -142,8 +136,7 @@ class BuddyBlocks(ContiguousAllocator):
     """
 
     def __init__(self, num_slots: int):
-        super().__init__(num_slots)
-        self.fit = "buddy"
+        super().__init__(num_slots, "buddy")
         self.free_blocks: dict[int, set[int]] = {}  # order -> starts of free blocks
         self.initial: dict[int, int] = {}  # start -> order, of the tiling blocks
         start = 0
@@ -184,18 +177,13 @@ class BuddyBlocks(ContiguousAllocator):
     def can_allocate(self, n: int) -> bool:
         return self._smallest_free((n - 1).bit_length()) is not None
 
-
-class BuddyAllocator(BuddyBlocks):
-    """A binary buddy allocator (Knowlton 1965): `BuddyBlocks` plus merging.
-
-    A freed block merges with its buddy, the other half of the block it was split
-    from (start ``start ^ 2**k``), whenever that buddy is free, and the merged
-    block tries again one order up, until it is one of the initial blocks.
-    """
-
     def free(self, owner: object) -> None:
+        """Return ``owner``'s block. A freed block merges with its buddy, the other
+        half of the block it was split from (start ``start ^ 2**k``), whenever that
+        buddy is free, and the merged block tries again one order up, until it is
+        one of the initial blocks."""
         region = self.regions.get(owner)
-        super().free(owner)  # raises KeyError for an owner that holds nothing
+        ContiguousAllocator.free(self, owner)  # KeyError for an owner that holds nothing
         start, order = region.start, region.length.bit_length() - 1
         while self.initial.get(start) != order:
             buddy = start ^ (1 << order)
