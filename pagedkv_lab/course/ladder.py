@@ -44,8 +44,10 @@ class Rung:
     traffic: int = 1  # K/V bytes moved per byte of K/V (3: read, write, read)
     tuned: bool = False  # read a committed winner: the library's launch, not a rung
 
-    def __call__(self, q, k_cache, v_cache, meta: AttentionMetadata,
-                 check: bool = False) -> torch.Tensor:  # fmt: skip
+    def __call__(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        meta: AttentionMetadata, check: bool = False,
+    ) -> torch.Tensor:  # fmt: skip
         if self.kernel == "torch":
             return paged_attention_torch(q, k_cache, v_cache, meta, check=check)
         if self.kernel == "first":
@@ -257,9 +259,9 @@ def _launch_order(tiles_each: list[int], kv_heads: int, s: dict) -> list[int]:
     return [t for _ in range(kv_heads) for t in order]
 
 
-def predict_rung(rung: Rung, kind: str, shape: tuple[int, int], heads=(32, 8, 128),
-                 card: CardModel = H100_SXM, resources: dict | None = None,
-                 itemsize: int = 2) -> dict:  # fmt: skip
+def predict_rung(rung: Rung, kind: str, shape: tuple[int, int],
+                 heads: tuple[int, int, int] = (32, 8, 128), card: CardModel = H100_SXM,
+                 resources: dict | None = None, itemsize: int = 2) -> dict:  # fmt: skip
     """The model's time for ``rung`` at ``shape`` ((batch, context) in decode,
     (prompts, tokens) in prefill) on ``card``: ``ms``, the term that binds and
     the occupancy. ``resources``: the compiled kernel's (``n_regs``,

@@ -80,7 +80,7 @@ def build_cpu_kernel(verbose: bool = False) -> Path:
 
 
 @functools.cache
-def load_cpu_kernel():
+def load_cpu_kernel() -> ctypes._CFuncPtr | None:
     """The C++ kernel's entry point, built on first use; None (with one warning)
     when it cannot be built. ``PAGEDKV_CPU_KERNEL=0`` turns it off."""
     if os.environ.get("PAGEDKV_CPU_KERNEL", "1") == "0":
@@ -117,8 +117,9 @@ def cpu_decode_partitions(num_seqs: int, max_tokens: int, threads: int) -> int:
 
 
 def paged_attention_cpu(
-    q, k_cache, v_cache, meta: AttentionMetadata, scale: float | None = None
-) -> torch.Tensor | None:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: AttentionMetadata, scale: float | None = None,
+) -> torch.Tensor | None:  # fmt: skip
     """The C++ kernel: decode (``meta.query_start_loc`` None) or causal varlen
     prefill, arguments already checked. None when the kernel cannot take them
     (no compiler, a head size that is not a multiple of 16 or above 256,

@@ -36,7 +36,9 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return self.block_tables.shape[0]
 
-    def check_shapes(self, q, k_cache, v_cache) -> None:
+    def check_shapes(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> None:
         """Raise ValueError unless the shapes and dtypes fit together; reads no
         tensor's values, so it never waits for a GPU."""
         if q.dim() != 3 or k_cache.dim() != 4:
@@ -78,7 +80,9 @@ class AttentionMetadata:
                 f"query_start_loc must have {seqs + 1} entries from 0 to {q.shape[0]}"
             )
 
-    def check(self, q, k_cache, v_cache) -> None:
+    def check(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> None:
         """`check_shapes`, then what the values must satisfy; raise ValueError
         saying what is wrong. Reads values (on a GPU, a wait for it)."""
         self.check_shapes(q, k_cache, v_cache)

@@ -34,8 +34,9 @@ def merge_partial_attention(outs: torch.Tensor, lses: torch.Tensor) -> torch.Ten
 
 
 def gather_kv(
-    k_cache, v_cache, block_tables, num_blocks: int | None = None, workspace=None
-):
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    num_blocks: int | None = None, workspace: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Copy each sequence's first ``num_blocks`` blocks into
     ``[seqs, num_blocks * block_size, kv_heads, head_dim]``.
 
@@ -140,8 +141,8 @@ def _prefill_torch(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
 
 
 def paged_attention_torch(
-    q, k_cache, v_cache, meta: AttentionMetadata, scale: float | None = None,
-    check: bool = True,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: AttentionMetadata, scale: float | None = None, check: bool = True,
 ) -> torch.Tensor:  # fmt: skip
     """Paged attention by gather + SDPA, on any device: decode when
     ``meta.query_start_loc`` is None, causal varlen prefill otherwise. Returns
@@ -155,8 +156,9 @@ def paged_attention_torch(
 
 
 def reference_paged_attention(
-    q, k_cache, v_cache, meta: AttentionMetadata, scale: float | None = None
-) -> torch.Tensor:
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: AttentionMetadata, scale: float | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Slow float64 paged attention, token by token, on the CPU: decode when
     ``meta.query_start_loc`` is None, causal varlen prefill otherwise."""
     seqs = meta.num_seqs

@@ -21,7 +21,7 @@ try:
     import triton
     import triton.language as tl
 except ImportError:  # Triton is published for Linux only; the other paths run anywhere
-    triton = None
+    triton = tl = None
 
 
 def interpreting() -> bool:
@@ -213,7 +213,10 @@ def _launch_first(q, k_cache, v_cache, meta, scale, blocks_per_part) -> torch.Te
     return merge_partial_attention(out, lse).to(q.dtype)
 
 
-def prefill_as_decode(block_tables, context_lens, query_start_loc, num_queries: int):
+def prefill_as_decode(
+    block_tables: torch.Tensor, context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor, num_queries: int,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Packed prefill queries as decode problems, one per query row.
 
     Row ``j`` of sequence ``i`` gets sequence ``i``'s block-table row and the
@@ -234,8 +237,9 @@ def prefill_as_decode(block_tables, context_lens, query_start_loc, num_queries: 
 
 
 def paged_attention_triton(
-    q, k_cache, v_cache, meta: AttentionMetadata, scale: float | None = None,
-    check: bool = True, blocks_per_part: int | None = None,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: AttentionMetadata, scale: float | None = None, check: bool = True,
+    blocks_per_part: int | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Paged attention with the first Triton kernel: decode when
     ``meta.query_start_loc`` is None, else causal varlen prefill with one decode

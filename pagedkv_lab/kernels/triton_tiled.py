@@ -20,18 +20,14 @@ import torch
 from pagedkv_lab.device import gpu_spec
 from pagedkv_lab.kernels.metadata import AttentionMetadata
 from pagedkv_lab.kernels.reference import merge_partial_attention
-from pagedkv_lab.kernels.triton_decode import (
+from pagedkv_lab.kernels.triton_decode import (  # None without Triton
     _check_triton_args,
     _multiprocessors,
     _new_buffer,
     interpreting,
+    tl,
+    triton,
 )
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # Triton is published for Linux only; the other paths run anywhere
-    triton = None
 
 if triton is not None:
 
@@ -348,7 +344,9 @@ if triton is not None:
 TORCH_MERGE_KERNELS = 4
 
 
-def merge_segments(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype):
+def merge_segments(
+    outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """`merge_partial_attention` of ``outs`` ``[tokens, heads, segments, D]`` and
     ``lses`` ``[tokens, heads, segments]`` (fp32) in one Triton launch; the
     result in ``dtype``."""
@@ -374,7 +372,9 @@ TILE_SIZES = {"decode": (16, 128), "prefill": (64, 64)}
 TILE_SIZES_PRE_AMPERE = {"decode": (16, 64), "prefill": (32, 64)}
 
 
-def tiled_launch(dtype: torch.dtype, capability: tuple[int, int] | None, decode: bool):
+def tiled_launch(
+    dtype: torch.dtype, capability: tuple[int, int] | None, decode: bool
+) -> tuple[tuple[int, int], bool]:
     """``(tile_sizes, upcast)`` for a launch of the tiled kernel: the tiles for
     the card's generation, and whether ``tl.dot`` must run in fp32 (IEEE, on the
     CUDA cores): for fp32 data, in the interpreter (``capability`` None), whose
@@ -523,8 +523,10 @@ def _tiled_plan(q, k_cache, meta, scale: float, tuned: bool, options: dict):
     return grid, constants, launch, s
 
 
-def tiled_program_map(query_start_loc, context_lens, num_tokens: int, block_q: int,
-                      heavy_first: bool = False) -> torch.Tensor:  # fmt: skip
+def tiled_program_map(
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, num_tokens: int,
+    block_q: int, heavy_first: bool = False,
+) -> torch.Tensor:  # fmt: skip
     """``[num_tokens // block_q + seqs, 2]`` int32: each program's sequence and
     first query (local to the sequence; at or past its query count for a spare
     program), in launch order: the grid's numbering, or with ``heavy_first``
@@ -546,9 +548,9 @@ def tiled_program_map(query_start_loc, context_lens, num_tokens: int, block_q: i
 
 
 def paged_attention_tiled(
-    q, k_cache, v_cache, meta: AttentionMetadata, scale: float | None = None,
-    check: bool = True, *, tuned: bool = True, step_map: torch.Tensor | None = None,
-    **options,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: AttentionMetadata, scale: float | None = None, check: bool = True, *,
+    tuned: bool = True, step_map: torch.Tensor | None = None, **options,
 ) -> torch.Tensor:  # fmt: skip
     """Paged attention with the tiled Triton kernel: decode when
     ``meta.query_start_loc`` is None, else causal varlen prefill (prefix-cache
