@@ -65,7 +65,7 @@ EXECUTE := --to notebook --execute --inplace --ExecutePreprocessor.timeout=1200 
   --NotebookExporter.preprocessors='["nbconvert.preprocessors.CoalesceStreamsPreprocessor"]'
 
 execute: setup  ## re-run every chapter top to bottom and store its outputs (CPU run: commit these)
-	for nb in notebooks/[0-9][0-9]_*.ipynb; do \
+	for nb in notebooks/[0-9][0-9]*_*.ipynb; do \
 	  $(BIN)/jupyter nbconvert $(EXECUTE) $$nb || exit 1; done
 
 # The report folder of `make gpu-check` (ignored by git).

@@ -32,6 +32,7 @@ MOVED = {
     "committed": "course.committed", "timelines": "course.timelines",
     "workloads": "sim.workloads", "contiguous": "sim.contiguous",
     "_sphinx": "course._sphinx", "_vllm_peer": "bench._vllm_peer",
+    "attention": "kernels",
 }  # fmt: skip
 
 

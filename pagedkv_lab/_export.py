@@ -244,9 +244,7 @@ def assemble(pieces: list[Piece], path: Path, module: str | None = None) -> str:
         text = _splice(text, method, where)
     text = HEADER.format(", ".join(notebooks)) + "\n\n" + text.rstrip("\n") + "\n"
     text = re.sub(r"\n{4,}", "\n\n\n", text)
-    if hoisted:
-        text = _sort_imports(text, path)
-    return text
+    return _sort_imports(text, path)
 
 
 def export_all(lib: Path = LIB, notebooks: Path = NOTEBOOKS) -> list[Path]:

@@ -3,7 +3,7 @@
 # command that fits a time budget (`make gpu-check`; OUT=dir to choose the folder):
 #
 #   bash scripts/gpu_check.sh --budget 480             # the whole check, 8 minutes on an H100
-#   bash scripts/gpu_check.sh --budget 480 --emulate t4  # and chapters 04, 05, 10 as a T4 runs them
+#   bash scripts/gpu_check.sh --budget 480 --emulate t4  # and chapters 04b, 04c, 05, 10 as a T4 runs them
 #   bash scripts/gpu_check.sh --plan                    # print the steps and their seconds, run nothing
 #
 # Steps run most informative first; each has an expected duration (an estimate
@@ -25,7 +25,7 @@
 #                                 the physical floor; tokens judged by pagedkv_lab.compare)
 #   kernels/, kernels.txt         scripts/kernel_ladder.py --sections prefill-kernel prefill
 #   notebooks/NN_*.ipynb, .log    every chapter executed with GPU sizes (copies), each cell's
-#                                 seconds in the log; notebooks-t4/: chapters 04, 05, 10
+#                                 seconds in the log; notebooks-t4/: chapters 04b, 04c, 05, 10
 #                                 with PAGEDKV_EMULATE=t4 (--emulate t4)
 #   ladder/, ladder.txt           the whole kernel ladder and decode grid (optional)
 #   bench/, bench.txt             python -m pagedkv_lab.bench all (optional)
@@ -58,7 +58,7 @@ case "$BUDGET" in ''|*[!0-9]*) [ -z "$BUDGET" ] || { echo "--budget takes second
 
 ALL_CHAPTERS="00 01 02 03 04 05 06 07 08 09 10 11"
 CHAPTERS="${CHAPTERS:-$ALL_CHAPTERS}"
-EMULATED_CHAPTERS="04 05 10"
+EMULATED_CHAPTERS="04b 04c 05 10"  # the chapters with 16-bit GPU paths
 STEPS="${STEPS:-versions nanovllm tests decode kernels nanovllm-sync notebooks emulate ladder bench tests-sweep}"
 wants() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 OUT="${OUT:-gpu-report}"
@@ -85,18 +85,21 @@ wants tests && plan "pytest test_gpu + test_attention" 90 tests
 wants decode && plan "decode floor" 50 decode
 wants kernels && plan "kernel prefill" 25 kernels
 chapter_seconds() {  # estimates for an H100, each at most CHAPTER_TIMEOUT
-  case "$1" in 00|01|07) echo 10 ;; 02|03|08) echo 12 ;; 04|05|06|09) echo 25 ;; *) echo 40 ;; esac
+  # 04a-04d share the 25 s chapter 04 was estimated at before its split
+  case "$1" in 04a) echo 4 ;; 04b|04c) echo 8 ;; 04d) echo 5 ;;
+    00|01|07) echo 10 ;; 02|03|08) echo 12 ;; 05|06|09) echo 25 ;; *) echo 40 ;; esac
 }
 if wants notebooks; then
   for n in $CHAPTERS; do
-    for nb in notebooks/${n}_*.ipynb; do
-      [ -e "$nb" ] && plan "notebook $(basename "$nb" .ipynb)" "$(chapter_seconds "$n")" "notebook $nb"
+    for nb in notebooks/${n}*_*.ipynb; do  # 04 names 04a_..., 04b_...
+      base=$(basename "$nb" .ipynb)
+      [ -e "$nb" ] && plan "notebook $base" "$(chapter_seconds "${base%%_*}")" "notebook $nb"
     done
   done
 fi
 if [ -n "$EMULATE" ] && wants emulate; then
   for n in $EMULATED_CHAPTERS; do
-    for nb in notebooks/${n}_*.ipynb; do
+    for nb in notebooks/${n}*_*.ipynb; do
       [ -e "$nb" ] && plan "notebook $(basename "$nb" .ipynb) as $EMULATE" 45 "emulate $nb"
     done
   done

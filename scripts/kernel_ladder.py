@@ -1,4 +1,4 @@
-"""Chapter 04's attention kernels in one run: every kernel checked, then timed.
+"""Chapters 04b-04d's attention kernels in one run: every kernel checked, then timed.
 
     python scripts/kernel_ladder.py --out kernel-report      # on a CUDA GPU
     python scripts/kernel_ladder.py --smoke                  # tiny sizes: checks the script itself
@@ -7,7 +7,7 @@
 Default sections, in order (``--sections`` picks others):
 
 1. ``checks``, correctness, compiled: every rung of the ladder
-   (`attention.DECODE_LADDER`, `attention.PREFILL_LADDER`: the PyTorch paths, the
+   (`course.ladder.DECODE_LADDER`, `PREFILL_LADDER`: the PyTorch paths, the
    first Triton kernel and each variant of the tiled one) against float64 on odd
    shapes, fp16 and bf16, decode and prefill, output buffers poisoned with NaN.
 2. Decode: `bench.kernel_benchmark` for fp16 and bf16, blocks of 16 and 32, batch
@@ -24,7 +24,7 @@ Default sections, in order (``--sections`` picks others):
    time over contiguous SDPA (decode) or causal SDPA (prefill), GB/s and share
    of the copy bandwidth (decode), TFLOPS (prefill). results.json "ladder": one
    row per rung and shape; copy it into the report folder as
-   ``kernel_ladder.json`` and chapter 04 reads it.
+   ``kernel_ladder.json`` and chapters 04c and 04d read it.
 5. ``prefill-kernel``: the tiled kernel's default prefill against causal SDPA
    over 4 x 1024, 16 x 256 and 2 x 2048 prompt tokens; results.json
    "prefill_kernel": {"over_causal_sdpa": the geometric mean, ...}.
@@ -42,7 +42,7 @@ few seconds each, every timing a few milliseconds of graph replays); with
 Sweeps, not default: ``tune`` (decode tiles, programs per SM, warps, stages) and
 ``tune-prefill`` (prefill rows, keys, warps, stages); with ``--save-tuning`` the
 winner goes into ``pagedkv_lab/configs/tuned_tiles.json`` under this GPU's name,
-where `attention.tuned_launch` reads it (commit that file with the report).
+where `kernels.triton_tiled.tuned_launch` reads it (commit that file with the report).
 
 Every section runs even when an earlier one failed; results go to
 ``--out``/results.json and the tables to ``--out``/summary.txt.
@@ -62,13 +62,6 @@ from pathlib import Path
 
 import torch
 
-from pagedkv_lab import attention
-from pagedkv_lab.attention import (
-    DECODE_LADDER,
-    PREFILL_LADDER,
-    paged_attention_tiled,
-    reference_paged_attention,
-)
 from pagedkv_lab.bench import kernel_benchmark, print_kernel_table
 from pagedkv_lab.bench.kernel import (
     LADDER_DECODE_SHAPES,
@@ -82,39 +75,28 @@ from pagedkv_lab.bench.kernel import (
     print_ladder_table,
 )
 from pagedkv_lab.course.attention_plots import PREFILL_GOAL_OVER_SDPA as PREFILL_GOAL
+from pagedkv_lab.course.kernel_checks import on, packed_problem, poisoned_buffers
+from pagedkv_lab.course.ladder import DECODE_LADDER, PREFILL_LADDER
 from pagedkv_lab.device import default_dtype, device_report, gpu_spec, supports_bf16
+from pagedkv_lab.kernels import AttentionMetadata, triton_tiled
+from pagedkv_lab.kernels.reference import reference_paged_attention
+from pagedkv_lab.kernels.triton_tiled import paged_attention_tiled
 from pagedkv_lab.models import largest_real_shape
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def paged_problem(seed, ctx, new, heads, kv_heads, head_dim, block_size, dtype, device):
-    """Shuffled blocks, -1 past each table's end; ``new``: queries per sequence (None: decode)."""
-    g = torch.Generator().manual_seed(seed)
-    need = [-(-c // block_size) for c in ctx]
-    num_blocks = sum(need) + 3
-    shape = (num_blocks, block_size, kv_heads, head_dim)
-    k = torch.randn(shape, generator=g).to(dtype)
-    v = torch.randn(shape, generator=g).to(dtype)
-    order = torch.randperm(num_blocks, generator=g).tolist()
-    tables = torch.full((len(ctx), max(need) + 1), -1, dtype=torch.int32)
-    for i, n in enumerate(need):
-        tables[i, :n] = torch.tensor(order[:n], dtype=torch.int32)
-        order = order[n:]
-    starts = None if new is None else torch.tensor([0, *new]).cumsum(0)
-    q = torch.randn(len(ctx) if new is None else sum(new), heads, head_dim, generator=g)
-    q = q.to(dtype)
-    ref = reference_paged_attention(q, k, v, tables, torch.tensor(ctx), starts)
-    args = [t.to(device) for t in (q, k, v, tables, torch.tensor(ctx))]
-    return args + ([] if starts is None else [starts.to(device)]), ref
+    """`kernel_checks.packed_problem` on ``device``, and its float64 reference."""
+    q, k, v, meta = packed_problem(seed, ctx, new, heads, kv_heads, head_dim, block_size,
+                                   dtype)  # fmt: skip
+    ref = reference_paged_attention(q, k, v, meta)
+    return [q.to(device), k.to(device), v.to(device), on(device, meta)], ref
 
 
 def check_kernels(device, smoke: bool) -> list[dict]:
     """Every rung against float64, with output buffers poisoned with NaN; the
     tiled default also with its keys forced into 8 segments."""
-    attention._new_buffer = lambda shape, dtype, dev: torch.full(
-        shape, float("nan"), dtype=dtype, device=dev
-    )
     dtypes = [torch.float32] if device.type != "cuda" else [torch.float16, torch.bfloat16]
     decode = [([1, 17, 1000, 4097], 32, 8, 128, 16), ([5, 300], 6, 1, 80, 32)]
     prefill = [([1000, 40, 7], [1000, 1, 7], 32, 8, 128, 16), ([45, 90], [40, 2], 4, 2, 64, 32)]
@@ -123,7 +105,7 @@ def check_kernels(device, smoke: bool) -> list[dict]:
         prefill = [([20, 3, 9], [20, 1, 5], 6, 2, 24, 8)]
     segmented = dict(options={"num_segments": 8})
     rows = []
-    try:
+    with poisoned_buffers():
         for dtype in dtypes:
             for shape in decode:
                 args, ref = paged_problem(0, *shape[:1], None, *shape[1:], dtype, device)
@@ -135,12 +117,7 @@ def check_kernels(device, smoke: bool) -> list[dict]:
                 kernels = {r.name: r for r in PREFILL_LADDER}
                 kernels["default, 8 segments"] = replace(PREFILL_LADDER[-1], **segmented)
                 rows += _compare(kernels, args, ref, dtype, "prefill", shape)
-    finally:
-        attention._new_buffer = _NEW_BUFFER
     return rows
-
-
-_NEW_BUFFER = attention._new_buffer
 
 
 def _compare(kernels, args, ref, dtype, kind, shape) -> list[dict]:
@@ -241,7 +218,7 @@ def _ladder_heads(device, smoke: bool):
 
 
 def ladder(device, smoke: bool) -> dict:
-    """Every rung of chapter 04's decode and prefill ladders at fixed shapes,
+    """Every rung of chapters 04c and 04d's ladders (decode, prefill) at fixed shapes,
     each beside its bar (contiguous SDPA; causal SDPA) in the same run, with
     the compiled kernels' registers, spills and shared memory, the SDPA backend
     that ran, the model's predictions, and the card's measured ceilings.
@@ -318,13 +295,14 @@ def prefill_kernel(device, smoke: bool) -> dict:
 
 
 def _prefill_config(device) -> dict:
-    """The launch `paged_attention_tiled` makes for prefill on ``device``."""
+    """The settings `paged_attention_tiled` launches prefill with on ``device``
+    (`triton_tiled.tiled_settings`: the defaults, then a committed winner)."""
     if device.type != "cuda":
-        return {"tile_sizes": attention.TILE_SIZES["prefill"], "interpreter": True}
+        return {"tile_sizes": triton_tiled.TILE_SIZES["prefill"], "interpreter": True}
     card = gpu_spec(device)  # an emulated card's rules, if PAGEDKV_EMULATE names one
-    tiles, _ = attention.tiled_launch(default_dtype(device), card.capability, False)
-    tuned = attention.tuned_launch(card.name, "prefill")
-    return {"tile_sizes": tiles, **tuned, **attention.TILED_SWITCHES["prefill"]}
+    tiles, _ = triton_tiled.tiled_launch(default_dtype(device), card.capability, False)
+    tuned = triton_tiled.tuned_launch(card.name, "prefill")
+    return triton_tiled.tiled_settings("prefill", tiles, tuned, {})
 
 
 def geometric_means(rows: list[dict], fields: tuple[str, ...], ratio: str) -> dict:
@@ -364,28 +342,29 @@ def tune(device, smoke: bool) -> list[dict]:
     cap = max_row_kv_bytes(device)
     grid = [(b, c) for b, c in grid if not cap or 2 * b * kv_heads * c * dim * dtype.itemsize <= cap]
     rows = []
-    saved = attention.PROGRAMS_PER_SM
+    saved = triton_tiled.PROGRAMS_PER_SM
     for batch, ctx in grid:
         q = random_normal((batch, heads, dim), dtype, device, draw_gen)
         k, v = (random_normal((batch, kv_heads, ctx, dim), dtype, device, draw_gen)
                 for _ in range(2))  # fmt: skip
         kc, vc, tables = _paged_copy(k, v, 16, gen)
         lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
+        meta = AttentionMetadata(tables, lens)
         calls = {"contiguous": partial(_contiguous_decode, q, k, v, True)}
         variants = list(itertools.product(tiles, per_sm, warps, stages))
         for tile, sm, w, st in variants:
-            attention.PROGRAMS_PER_SM = sm
-            segments = attention.tiled_segments(
+            triton_tiled.PROGRAMS_PER_SM = sm
+            segments = triton_tiled.tiled_segments(
                 batch * kv_heads * 2, -(-ctx // tile), device
             )  # what the kernel computes for this grid
             calls[(tile, sm, w, st)] = partial(
-                paged_attention_tiled, q, kc, vc, tables, lens, check=False,
+                paged_attention_tiled, q, kc, vc, meta, check=False, tuned=False,
                 num_segments=segments, tile_sizes=(16, tile), num_warps=w, num_stages=st,
             )  # fmt: skip
-        attention.PROGRAMS_PER_SM = saved
+        triton_tiled.PROGRAMS_PER_SM = saved
         t = time_calls(calls, device, repeats=10 if not smoke else 2, graphs=list(calls))
         base = t.pop("contiguous")
-        current = (attention.TILE_SIZES["decode"][1], saved, 4, None)  # the library's
+        current = (triton_tiled.TILE_SIZES["decode"][1], saved, 4, None)  # the library's
         default = t.get(current, math.nan)
         best = min(t, key=t.get)
         for key, sec in t.items():
@@ -411,7 +390,7 @@ def tune_prefill(device, smoke: bool) -> list[dict]:
     of the engine's size (4,096 prompt tokens) against causal SDPA over the same
     prompts stored contiguously, beside the library's current default. With
     ``--save-tuning`` the winner (the least geometric mean over the grid) is
-    committed to `attention.TUNED_TILES` under this GPU's name. Every variant
+    committed to `triton_tiled.TUNED_TILES` under this GPU's name. Every variant
     runs with the ladder's levers on (`LEVERS`)."""
     import itertools
     from functools import partial
@@ -438,11 +417,11 @@ def tune_prefill(device, smoke: bool) -> list[dict]:
         q = q4.transpose(1, 2).reshape(seqs * length, heads, dim).contiguous()
         sdpa = partial(torch.nn.functional.scaled_dot_product_attention, q4, k, v,
                        is_causal=True, enable_gqa=True)  # fmt: skip
-        args = (q, kc, vc, tables, lens, starts)
+        args = (q, kc, vc, AttentionMetadata(tables, lens, starts))
         calls = {"sdpa": sdpa, "current": partial(paged_attention_tiled, *args, check=False)}
         for key in itertools.product(rows_m, tiles, warps, stages):
             calls[key] = partial(
-                paged_attention_tiled, *args, check=False,
+                paged_attention_tiled, *args, check=False, tuned=False,
                 tile_sizes=key[:2], num_warps=key[2], num_stages=key[3], **LEVERS,
             )  # fmt: skip
         expected = sdpa().float().transpose(1, 2).reshape(q.shape)
@@ -487,10 +466,10 @@ LEVERS = {k: v for k, v in PREFILL_LADDER[-2].options.items()
 
 def save_tuning(device_name: str, kind: str, setting, score: float,
                 source: str = "") -> None:  # fmt: skip
-    """Merge a winner into `attention.TUNED_TILES` (commit the file): a sweep's
+    """Merge a winner into `triton_tiled.TUNED_TILES` (commit the file): a sweep's
     ``(rows, keys, warps, stages)``, or a rung's `paged_attention_tiled`
     options (tiles, warps, stages and switches)."""
-    path = attention.TUNED_TILES
+    path = triton_tiled.TUNED_TILES
     data = json.loads(path.read_text()) if path.exists() else {"devices": {}}
     if isinstance(setting, dict):
         options = dict(setting)
@@ -508,7 +487,7 @@ def save_tuning(device_name: str, kind: str, setting, score: float,
                  source=f"scripts/kernel_ladder.py --save-tuning ({source or 'tune-' + kind})")
     data.setdefault("devices", {}).setdefault(device_name, {})[kind] = entry
     path.write_text(json.dumps(data, indent=1) + "\n")
-    attention.tuned_launch.cache_clear()  # the next launch reads the new winner
+    triton_tiled.tuned_launch.cache_clear()  # the next launch reads the new winner
     print(f"  saved {entry} for {device_name} ({kind}) to {path}")
 
 

@@ -5,7 +5,7 @@ run cut off by a time limit says neither where it stopped nor where the time
 went. This prints one line per cell as it finishes (and the cell's error, if
 any) and writes the executed notebook at the end::
 
-    python scripts/run_notebook.py notebooks/04_attention.ipynb --out report/nb
+    python scripts/run_notebook.py notebooks/04c_climbing_to_the_copy_bandwidth.ipynb --out report/nb
 
 The slowest cells are listed last. Exit status 1 when a cell raised.
 """

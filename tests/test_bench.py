@@ -414,7 +414,7 @@ def test_serve_cli_rejects_a_count_per_workload_that_does_not_match():
         main(["serve", "--workload", "w1", "w2", "--num-requests", "1", "2", "3"])
 
 
-# ---- chapter 04's ladder ------------------------------------------------------
+# ---- chapters 04c and 04d's ladders ---------------------------------------------------
 
 REPORT = __import__("pathlib").Path(__file__).resolve().parent.parent / "book/reports/h100"
 
@@ -424,8 +424,8 @@ def test_committed_ladder_reads_each_rung_from_the_file_that_holds_it():
     64 / 4,096 from 1.17 to 1.02 (one sweep), the fused merge took batch 8 /
     1,024 to 1.07 from a sweep whose best there was 1.30; rungs no committed run
     measured say so."""
-    from pagedkv_lab.attention import DECODE_LADDER, PREFILL_LADDER
     from pagedkv_lab.bench.kernel import committed_ladder
+    from pagedkv_lab.course.ladder import DECODE_LADDER, PREFILL_LADDER
 
     rows = committed_ladder(REPORT, DECODE_LADDER, PREFILL_LADDER)
 
@@ -454,8 +454,8 @@ def test_a_committed_ladder_run_comes_first(tmp_path):
     import json
     import shutil
 
-    from pagedkv_lab.attention import DECODE_LADDER, PREFILL_LADDER
     from pagedkv_lab.bench.kernel import committed_ladder
+    from pagedkv_lab.course.ladder import DECODE_LADDER, PREFILL_LADDER
 
     for f in REPORT.glob("kernel_*.txt"):
         shutil.copy(f, tmp_path)
@@ -479,12 +479,12 @@ def test_tune_files_read_back():
 
 
 def test_ladder_benchmarks_time_every_rung_beside_its_bar(capsys):
-    from pagedkv_lab.attention import DECODE_LADDER, PREFILL_LADDER
     from pagedkv_lab.bench.kernel import (
         decode_ladder_benchmark,
         prefill_ladder_benchmark,
         print_ladder_table,
     )
+    from pagedkv_lab.course.ladder import DECODE_LADDER, PREFILL_LADDER
 
     cpu = torch.device("cpu")
     rungs = [DECODE_LADDER[0], DECODE_LADDER[-1]]

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from pagedkv_lab import device as device_mod
-from pagedkv_lab.attention import TILE_SIZES, TILE_SIZES_PRE_AMPERE, tiled_launch
 from pagedkv_lab.bench.common import _kv_spec
 from pagedkv_lab.bench.kernel import max_row_kv_bytes, row_peak_bytes
 from pagedkv_lab.device import (
@@ -26,6 +25,11 @@ from pagedkv_lab.device import (
     default_dtype,
     gpu_spec,
     supports_bf16,
+)
+from pagedkv_lab.kernels.triton_tiled import (
+    TILE_SIZES,
+    TILE_SIZES_PRE_AMPERE,
+    tiled_launch,
 )
 from pagedkv_lab.kvmath import KVSpec, count_parameters_from_config
 from pagedkv_lab.models import largest_real_shape, real_model_shapes
@@ -153,7 +157,7 @@ def emulate(monkeypatch):
     """A mocked H100 as CUDA device 0, told by ``$PAGEDKV_EMULATE`` to be the
     card the test names (`emulate("t4")`); returns the calls made to
     ``torch.cuda.set_per_process_memory_fraction``."""
-    from pagedkv_lab import attention
+    from pagedkv_lab.kernels import triton_decode, triton_tiled
 
     h100 = KNOWN_GPUS["H100-80GB"]
     props = SimpleNamespace(name=h100.name, major=9, minor=0, total_memory=h100.total_memory,
@@ -164,7 +168,7 @@ def emulate(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
                         lambda fraction, index=None: caps.append((fraction, index)))  # fmt: skip
     monkeypatch.setattr(device_mod, "_capped", set())
-    for cached in (attention._card, attention._multiprocessors):
+    for cached in (triton_tiled._card, triton_decode._multiprocessors):
         cached.cache_clear()
 
     def start(name: str):
@@ -172,22 +176,22 @@ def emulate(monkeypatch):
         return caps
 
     yield start
-    for cached in (attention._card, attention._multiprocessors):
+    for cached in (triton_tiled._card, triton_decode._multiprocessors):
         cached.cache_clear()
 
 
 def test_an_h100_emulating_a_t4_takes_every_t4_rule(emulate):
-    from pagedkv_lab import attention
+    from pagedkv_lab.kernels import triton_decode, triton_tiled
 
     caps = emulate("t4")
     t4, h100 = KNOWN_GPUS["T4"], KNOWN_GPUS["H100-80GB"]
     assert gpu_spec(CUDA) == t4
     assert default_dtype(CUDA) == torch.float16 and not supports_bf16(CUDA)
     # the kernels' launch reads the card through the rule: pre-Ampere tiles, 40 SMs
-    capability, name = attention._card(0)
+    capability, name = triton_tiled._card(0)
     assert (capability, name) == ((7, 5), "Tesla T4")
     assert tiled_launch(torch.float16, capability, True)[0] == TILE_SIZES_PRE_AMPERE["decode"]
-    assert attention._multiprocessors(0) == 40
+    assert triton_decode._multiprocessors(0) == 40
     # sizes for 15 GiB: the scripts' shape and the benchmark rows
     assert largest_real_shape(CUDA) == "Llama-3.2-1B"
     assert device_mod.memory_budget(CUDA, 0.5) == t4.total_memory // 2

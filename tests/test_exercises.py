@@ -80,14 +80,14 @@ CASES = [
         lambda table, bs, pos: table[pos // bs] + pos % bs,
     ),
     (
-        "ch04",
+        "ch04a",
         "merge_two",
         exercises.check_merge_two,
         lambda oa, la, ob, lb: (oa + ob) / 2,
     ),
-    ("ch04", "visible_keys", exercises.check_visible_keys, lambda ctx, qlen, j: j + 1),
+    ("ch04a", "visible_keys", exercises.check_visible_keys, lambda ctx, qlen, j: j + 1),
     (
-        "ch04",
+        "ch04a",
         "merge_two",
         exercises.check_merge_two,
         # right on full parts, but an empty part's NaN output leaks through
@@ -97,11 +97,39 @@ CASES = [
         ),
     ),
     (
-        "ch04",
+        "ch04b",
         "decode_flops_per_byte",
         exercises.check_decode_flops_per_byte,
         # forgets that the cache supplies a value as well as a key
         lambda g, d, b: 4 * g / b,
+    ),
+    (
+        "ch04b",
+        "key_loads",
+        exercises.check_key_loads,
+        # the L^2 / 2T estimate, not the count
+        lambda length, t: length * length // (2 * t),
+    ),
+    (
+        "ch04c",
+        "tiles_in_flight",
+        exercises.check_tiles_in_flight,
+        # rounds down: too few tiles to keep the memory busy
+        lambda bandwidth, latency, tile: int(bandwidth * latency / tile),
+    ),
+    (
+        "ch04c",
+        "program_of",
+        exercises.check_program_of,
+        # forgets the one spare number each sequence before it adds
+        lambda q_lens, block_q, seq, j: (sum(q_lens[:seq]) + j) // block_q,
+    ),
+    (
+        "ch04d",
+        "prefill_flops_per_byte",
+        exercises.check_prefill_flops_per_byte,
+        # counts K and V only
+        lambda s, n, h, kv, d, b: 4 * d * h * s * n * (n + 1) / 2 / (s * n * 2 * kv * d * b),
     ),
     (
         "ch05",
@@ -191,3 +219,19 @@ def test_unattempted_exercise_is_reported_not_crashed(capsys):
 
     assert exercises.check_best_fit(todo) is False
     assert "not attempted yet" in capsys.readouterr().out
+
+
+def test_two_step_hints_nudge_first_and_never_print_the_answer(capsys):
+    """A chapter-04 check shows what the reader's function returned, never the
+    expected value; its first miss gets a nudge, the next one the formula too."""
+    exercises._MISSES.pop("visible_keys", None)
+    wrong = lambda ctx, qlen, j: -1 - j  # noqa: E731
+    assert exercises.check_visible_keys(wrong) is False
+    first = capsys.readouterr().out
+    assert exercises.check_visible_keys(wrong) is False
+    second = capsys.readouterr().out
+    assert "expected" not in first + second and "got -1" in first
+    for answer in (" 1", " 10", " 37", " 24"):  # the cases' answers, never shown
+        assert answer not in first.split("Hint:")[0].split("\n", 1)[1]
+    nudge, formula = first.split("Hint: ")[1].strip(), "context_len - query_len + j"
+    assert formula not in first and formula in second and nudge in second

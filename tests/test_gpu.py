@@ -14,18 +14,15 @@ import pytest
 import torch
 from reference import greedy_alone
 
-from pagedkv_lab.attention import (
-    paged_attention_tiled,
-    paged_decode,
-    paged_decode_triton,
-    paged_prefill,
-    paged_prefill_triton,
-    reference_paged_attention,
-)
+from pagedkv_lab.course.kernel_checks import on, packed_problem
 from pagedkv_lab.engine.block_manager import BlockAllocator
 from pagedkv_lab.engine.fused import FusedModel
 from pagedkv_lab.engine.model_runner import ModelRunner
 from pagedkv_lab.engine.sequence import Sequence
+from pagedkv_lab.kernels import AttentionMetadata, paged_attention
+from pagedkv_lab.kernels.reference import reference_paged_attention
+from pagedkv_lab.kernels.triton_decode import paged_attention_triton
+from pagedkv_lab.kernels.triton_tiled import paged_attention_tiled
 from pagedkv_lab.kvmath import KVSpec
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.models import OFFLINE_MODELS, load_model
@@ -69,24 +66,14 @@ def exact_fp32_matmuls():
 
 
 def paged_problem(seed, ctx, new, heads, kv_heads, head_dim, bs, dtype):
-    """Caches with shuffled blocks, -1 padding past each sequence's last block,
-    and packed queries (``new[i]`` per sequence; ``None``: one each, decode)."""
-    g = torch.Generator().manual_seed(seed)
-    need = [-(-c // bs) for c in ctx]
-    width = max(need) + 1
-    num_blocks = sum(need) + 5
-    shape = (num_blocks, bs, kv_heads, head_dim)
-    k = torch.randn(shape, generator=g).to(dtype)
-    v = torch.randn(shape, generator=g).to(dtype)
-    order = torch.randperm(num_blocks, generator=g).tolist()
-    tables = torch.full((len(ctx), width), -1, dtype=torch.int32)
-    for i, n in enumerate(need):
-        tables[i, :n] = torch.tensor(order[:n], dtype=torch.int32)
-        order = order[n:]
-    starts = None if new is None else torch.tensor([0, *new]).cumsum(0)
-    rows = len(ctx) if new is None else sum(new)
-    q = torch.randn(rows, heads, head_dim, generator=g).to(dtype)
-    return q, k, v, tables, torch.tensor(ctx), starts
+    """``(q, k_cache, v_cache, meta)``: caches with shuffled blocks, -1 padding
+    past each sequence's last block, and packed queries (``new[i]`` per
+    sequence; ``None``: one each, decode)."""
+    return packed_problem(seed, ctx, new, heads, kv_heads, head_dim, bs, dtype)
+
+
+def on_cuda(q, k, v, meta):
+    return q.cuda(), k.cuda(), v.cuda(), on(torch.device("cuda"), meta)
 
 
 def close_to_reference(out, ref, dtype):
@@ -133,10 +120,9 @@ LONG = DECODE_SHAPES[3]  # the shape long enough to split into partitions
     or (shape is LONG and dtype != torch.float32)))  # fmt: skip
 def test_triton_decode_compiled_matches_float64(shape, dtype, blocks_per_part):
     ctx, heads, kvh, hd, bs = shape
-    q, k, v, tables, lens, _ = paged_problem(0, ctx, None, heads, kvh, hd, bs, dtype)
-    ref = reference_paged_attention(q, k, v, tables, lens)
-    args = [t.cuda() for t in (q, k, v, tables, lens)]
-    out = paged_decode_triton(*args, blocks_per_part=blocks_per_part)
+    q, k, v, meta = paged_problem(0, ctx, None, heads, kvh, hd, bs, dtype)
+    ref = reference_paged_attention(q, k, v, meta)
+    out = paged_attention_triton(*on_cuda(q, k, v, meta), blocks_per_part=blocks_per_part)
     close_to_reference(out, ref, dtype)
 
 
@@ -148,13 +134,13 @@ def test_triton_decode_compiled_matches_float64(shape, dtype, blocks_per_part):
         and (segments, tiles) in {(3, (64, 32)), (16, (16, 128)), (1, None)})))  # fmt: skip
 def test_tiled_decode_compiled_matches_float64(shape, dtype, segments, tile_sizes):
     ctx, heads, kvh, hd, bs = shape
-    q, k, v, tables, lens, _ = paged_problem(0, ctx, None, heads, kvh, hd, bs, dtype)
-    ref = reference_paged_attention(q, k, v, tables, lens)
-    args = [t.cuda() for t in (q, k, v, tables, lens)]
+    q, k, v, meta = paged_problem(0, ctx, None, heads, kvh, hd, bs, dtype)
+    ref = reference_paged_attention(q, k, v, meta)
+    args = on_cuda(q, k, v, meta)
     out = paged_attention_tiled(*args, num_segments=segments, tile_sizes=tile_sizes)
     close_to_reference(out, ref, dtype)
     if segments is None and tile_sizes is None:
-        assert torch.equal(paged_decode(*args), out)  # the dispatcher's path
+        assert torch.equal(paged_attention(*args), out)  # the dispatcher's path
 
 
 # context lengths, new tokens, heads, kv_heads, head_dim, block size
@@ -173,35 +159,31 @@ PREFILL_SHAPES = [
     core=lambda shape, dtype: dtype == first_half_dtype() or shape is PREFILL_SHAPES[4]))
 def test_triton_prefill_compiled_matches_float64(shape, dtype):
     ctx, new, heads, kvh, hd, bs = shape
-    q, k, v, tables, lens, starts = paged_problem(
-        1, ctx, new, heads, kvh, hd, bs, dtype
-    )
-    ref = reference_paged_attention(q, k, v, tables, lens, starts)
-    args = [t.cuda() for t in (q, k, v, tables, lens, starts)]
+    q, k, v, meta = paged_problem(1, ctx, new, heads, kvh, hd, bs, dtype)
+    ref = reference_paged_attention(q, k, v, meta)
+    args = on_cuda(q, k, v, meta)
     if bs & (bs - 1) == 0:  # the first kernel takes power-of-two blocks only
-        close_to_reference(paged_prefill_triton(*args), ref, dtype)
+        close_to_reference(paged_attention_triton(*args), ref, dtype)
     for segments in (None, 4):
         out = paged_attention_tiled(*args, num_segments=segments)
         close_to_reference(out, ref, dtype)
         if segments is None:
-            assert torch.equal(paged_prefill(*args), out)  # the dispatcher's path
+            assert torch.equal(paged_attention(*args), out)  # the dispatcher's path
 
 
 def test_kernels_never_wait_for_the_gpu():
-    """With ``check=False`` neither entry point reads a value back to the host
-    (CUDA's sync debug mode raises on any synchronising call)."""
-    q, k, v, tables, lens, starts = paged_problem(
-        2, [40, 9, 77], [40, 1, 20], 8, 2, 64, 16, torch.float16
-    )
-    args = [t.cuda() for t in (q, k, v, tables, lens, starts)]
-    decode_args = [args[0][:3], *args[1:5]]
-    paged_prefill(*args, check=False)  # compile first, outside the watch
-    paged_decode(*decode_args, check=False)
+    """With ``check=False`` the entry point reads no value back to the host,
+    prefill or decode (CUDA's sync debug mode raises on any synchronising call)."""
+    q, k, v, meta = on_cuda(*paged_problem(
+        2, [40, 9, 77], [40, 1, 20], 8, 2, 64, 16, torch.float16))  # fmt: skip
+    decode = AttentionMetadata(meta.block_tables, meta.context_lens)
+    paged_attention(q, k, v, meta, check=False)  # compile first, outside the watch
+    paged_attention(q[:3], k, v, decode, check=False)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        paged_prefill(*args, check=False)
-        paged_decode(*decode_args, check=False)
+        paged_attention(q, k, v, meta, check=False)
+        paged_attention(q[:3], k, v, decode, check=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()

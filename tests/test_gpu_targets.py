@@ -98,7 +98,7 @@ def test_the_gpu_check_plans_its_steps_within_eight_minutes(tmp_path):
     """`gpu_check.sh --plan` prints every step with its expected seconds, most
     informative first, without a GPU; the steps of the check itself (the
     optional ones aside) are planned within the 480 s budget, and --emulate t4
-    adds chapters 04, 05 and 10 run as a T4."""
+    adds chapters 04b, 04c, 05 and 10 run as a T4."""
     import os
     import re
     import subprocess
@@ -112,8 +112,10 @@ def test_the_gpu_check_plans_its_steps_within_eight_minutes(tmp_path):
     order = [n for n, _ in names]
     assert order[:3] == ["versions", "bench nanovllm Qwen3-0.6B", "bench nanovllm Qwen2.5-0.5B"]
     assert [n for n in order if n.endswith("as t4")] == [
-        "notebook 04_attention as t4", "notebook 05_engine as t4", "notebook 10_benchmarks as t4"]
-    assert sum(n.startswith("notebook ") and "as t4" not in n for n in order) == 12
+        "notebook 04b_reading_blocks_in_place as t4",
+        "notebook 04c_climbing_to_the_copy_bandwidth as t4",
+        "notebook 05_engine as t4", "notebook 10_benchmarks as t4"]
+    assert sum(n.startswith("notebook ") and "as t4" not in n for n in order) == 15
     required = int(re.search(r"of which (\d+) s for the check itself", plan).group(1))
     emulated = sum(int(s) for n, s in names if n.endswith("as t4"))
     assert required - emulated <= 480

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\w.])")
 BOUND_BEFORE = re.compile(r"(?:<|<=|≤|below|under)\s*$")
 NOT_COMPARED = ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP")

@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE_COLUMNS = 88
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 PAGES = sorted((ROOT / "book").glob("*.md"))
 SOLUTIONS = sorted((ROOT / "solutions").glob("ch*.py"))
 # Outputs the site shows instead of their text/plain fallback.
@@ -146,3 +146,65 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     wide = wide_lines(path)
     assert len(wide) == 2 and "code" in wide[0] and "output 3" in wide[1]
     assert len(split_tables(path)) == 1
+
+
+# ---- cross-references between pages ------------------------------------------------
+
+DOC_ROLE = re.compile(r"\{doc\}`(?:[^`<]*<)?([^`>]+)>?`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+COLAB = re.compile(r"https://colab\.research\.google\.com/github/([^/\s]+/[^/\s]+)/blob/[^/\s]+/([^)\s]+)")
+
+
+def _sources():
+    """Every text a reader follows links from: the book's pages, the README, and
+    the chapters' markdown cells, with the folder their relative links start in."""
+    for page in [*PAGES, ROOT / "README.md"]:
+        yield page, page.read_text()
+    for nb in NOTEBOOKS:
+        cells = json.loads(nb.read_text())["cells"]
+        yield nb, "\n".join(_text(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def _page_exists(target: Path) -> bool:
+    """A Sphinx document (no suffix: a .md page or a notebook) or a file."""
+    if target.suffix in (".md", ".ipynb", ".py", ".txt", ".json", ".bib"):
+        return target.exists()
+    return any(target.with_suffix(s).exists() for s in (".md", ".ipynb")) or target.exists()
+
+
+def broken_links(sources) -> list[str]:
+    """Links between pages that point nowhere: {doc} roles, relative markdown
+    links (to pages, notebooks or files) and Colab links to notebooks."""
+    repo = re.search(r"^\s+url:\s*https://github\.com/(\S+)", (ROOT / "_config.yml").read_text(),
+                     re.M).group(1)  # fmt: skip
+    found = []
+    for path, text in sources:
+        for target in DOC_ROLE.findall(text):
+            base = ROOT if target.startswith("/") else path.parent
+            if not _page_exists(base / target.lstrip("/")):
+                found.append(f"{path.name}: {{doc}} {target}")
+        for url in LINK.findall(text):
+            if url.startswith(("http://", "https://", "mailto:", "#")):
+                continue
+            if not _page_exists(path.parent / url.split("#")[0]):
+                found.append(f"{path.name}: link {url}")
+        for where, notebook in COLAB.findall(text):
+            if where != repo or not (ROOT / notebook).exists():
+                found.append(f"{path.name}: Colab {where}/{notebook}")
+    return found
+
+
+def test_every_cross_reference_and_colab_link_resolves():
+    broken = broken_links(_sources())
+    assert not broken, "links to pages or notebooks that do not exist:\n" + "\n".join(broken)
+    toc = (ROOT / "_toc.yml").read_text()
+    for entry in re.findall(r"file:\s*(\S+)", toc):
+        assert _page_exists(ROOT / entry), f"_toc.yml names {entry}, which does not exist"
+
+
+def test_the_link_check_catches_a_dangling_link(tmp_path):
+    page = ROOT / "book" / "x.md"
+    text = ("{doc}`../notebooks/04_attention` [a](../notebooks/99_none) [b](setup) "
+            "[c](https://colab.research.google.com/github/pagedkv-lab/pagedkv-lab/blob/"
+            "main/notebooks/04_attention.ipynb)")
+    assert len(broken_links([(page, text)])) == 3

@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None)
     args = parser.parse_args(argv)
 
-    from pagedkv_lab import attention  # noqa: F401  (sets Triton's interpreter mode when there is no GPU)
+    from pagedkv_lab import kernels  # noqa: F401  (chooses Triton's mode: see its docstring)
     from pagedkv_lab.device import by_device, device_report, pick_device
 
     device = pick_device(args.device)

@@ -69,12 +69,12 @@ def random_normal(
 
 
 def decode_path_name(device: torch.device, head_dim: int = 64) -> str:
-    """Which kernel `paged_decode` runs on ``device`` (for tables and plots)."""
-    from pagedkv_lab import attention
+    """Which kernel `kernels.paged_attention` runs on ``device`` (for tables and plots)."""
+    from pagedkv_lab.kernels import cpu, triton_tiled
 
-    if device.type == "cuda" and attention.triton is not None:
+    if device.type == "cuda" and triton_tiled.triton is not None:
         return "Triton kernel"
-    if device.type == "cpu" and head_dim % 16 == 0 and attention.load_cpu_kernel():
+    if device.type == "cpu" and head_dim % 16 == 0 and cpu.load_cpu_kernel():
         return "C++ kernel"
     return "PyTorch"
 
@@ -125,9 +125,9 @@ def kernel_benchmark(
     """Decode attention over the same K/V, stored paged and contiguously.
 
     One row per (batch, context). Times, in alternation: contiguous SDPA;
-    `paged_decode` as the engine calls it (``check=False``, a reused workspace,
-    int32 tables, int64 lengths): the Triton kernel on CUDA, the C++ kernel on a
-    CPU; and the PyTorch gather + SDPA path. On CUDA, contiguous SDPA, the
+    `kernels.paged_attention` as the engine calls it (``check=False``, a reused
+    workspace, int32 tables, int64 lengths): the Triton kernel on CUDA, the C++
+    kernel on a CPU; and the PyTorch gather + SDPA path. On CUDA, contiguous SDPA, the
     paged kernel and the first Triton kernel (the rung below) are timed as
     CUDA-graph replays, as a graphed decode step runs them; the PyTorch path,
     which reads lengths back to the host, as launched. On a CPU the grid is timed in three
@@ -148,11 +148,9 @@ def kernel_benchmark(
     `max_row_kv_bytes`, a peak under half the card's memory and at most 4 GiB of
     K/V; no cap on a CPU) are left out rather than run out of device memory.
     """
-    from pagedkv_lab.attention import (
-        paged_decode,
-        paged_decode_torch,
-        paged_decode_triton,
-    )
+    from pagedkv_lab.kernels import AttentionMetadata, paged_attention
+    from pagedkv_lab.kernels.reference import paged_attention_torch
+    from pagedkv_lab.kernels.triton_decode import paged_attention_triton
 
     cuda = device.type == "cuda"
     heads = heads or (32 if cuda else 8)
@@ -177,23 +175,22 @@ def kernel_benchmark(
             q, k, v = draw(batch, heads, head_dim), draw(*shape), draw(*shape)
             k_cache, v_cache, tables = _paged_copy(k, v, block_size, gen)
             lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
-            paged_args = (q, k_cache, v_cache, tables, lens)
+            paged_args = (q, k_cache, v_cache, AttentionMetadata(tables, lens))
             if in_order:
                 ordered = _paged_copy(k, v, block_size, gen, shuffle=False)
             row_calls = {
                 "contiguous": partial(_contiguous_decode, q, k, v, heads != kv_heads),
-                "paged": partial(paged_decode, *paged_args, workspace={}, check=False),
-                "torch": partial(
-                    paged_decode_torch, *paged_args, workspace={}, check=False
-                ),
+                "paged": partial(paged_attention, *paged_args, check=False),
+                "torch": partial(paged_attention_torch, *paged_args, check=False),
             }
             if in_order:
+                in_order_meta = AttentionMetadata(ordered[2], lens)
                 row_calls["paged_in_order"] = partial(
-                    paged_decode, q, *ordered, lens, workspace={}, check=False
+                    paged_attention, q, *ordered[:2], in_order_meta, check=False
                 )
             if cuda:  # the rung below the tiled kernel: one program per sequence
                 row_calls["first_triton"] = partial(
-                    paged_decode_triton, *paged_args, check=False
+                    paged_attention_triton, *paged_args, check=False
                 )
             expected = row_calls["contiguous"]().float()
             errors = {
@@ -322,7 +319,7 @@ def parse_kernel_tables(text: str) -> list[dict]:
     return rows
 
 
-# ---- the ladder: every rung of chapter 04's climb at fixed shapes -----------
+# ---- the ladders: every rung of chapters 04c and 04d at fixed shapes -------
 
 #: Decode shapes (batch, context) every rung is timed at: a small batch whose
 #: programs are few (segments and the merge matter), a long context, a batch
@@ -340,19 +337,24 @@ def _rung_row(index: int, rung, kind: str) -> dict:
             "kernel": rung.kernel}  # fmt: skip
 
 
-#: The Triton kernels of `pagedkv_lab.attention` whose compiled form a rung reports.
-_KERNELS = ("_tiled_attention_kernel", "_paged_decode_kernel", "_merge_segments_kernel")
+#: The Triton kernels of `pagedkv_lab.kernels` whose compiled form a rung reports,
+#: by the module that launches them.
+_KERNELS = {"triton_tiled": ("_tiled_attention_kernel", "_merge_segments_kernel"),
+            "triton_decode": ("_paged_decode_kernel",)}  # fmt: skip
 
 
 @contextlib.contextmanager
 def recorded_launches():
-    """The Triton launches `pagedkv_lab.attention` makes inside the block, as
+    """The Triton launches `pagedkv_lab.kernels` makes inside the block, as
     ``(kernel name, compiled kernel)`` pairs (None in the interpreter, which
     compiles nothing): each launch returns Triton's `CompiledKernel`."""
-    from pagedkv_lab import attention
+    import importlib
 
     seen: list[tuple[str, object]] = []
-    saved = {name: getattr(attention, name) for name in _KERNELS if hasattr(attention, name)}
+    modules = {m: importlib.import_module(f"pagedkv_lab.kernels.{m}") for m in _KERNELS}
+    saved = {(m, name): getattr(modules[m], name)
+             for m, names in _KERNELS.items() for name in names
+             if hasattr(modules[m], name)}  # fmt: skip
 
     class Recorded:
         def __init__(self, name, fn):
@@ -367,12 +369,12 @@ def recorded_launches():
             return launch
 
     try:
-        for name, fn in saved.items():
-            setattr(attention, name, Recorded(name, fn))
+        for (module, name), fn in saved.items():
+            setattr(modules[module], name, Recorded(name, fn))
         yield seen
     finally:
-        for name, fn in saved.items():
-            setattr(attention, name, fn)
+        for (module, name), fn in saved.items():
+            setattr(modules[module], name, fn)
 
 
 def compiled_resources(compiled) -> dict:
@@ -420,9 +422,9 @@ def _time_rungs(rows: dict, calls: dict, device, repeats: int, warmup: int = 3) 
 
 
 def _predict(row: dict, rung, kind: str, shape, heads, bar_ms: float | None) -> None:
-    """Add the chapter's model's prediction for ``rung`` (`attention.predict_rung`,
+    """Add the chapter's model's prediction for ``rung`` (`course.ladder.predict_rung`,
     on an H100 SXM, with the compiled resources where recorded) to ``row``."""
-    from pagedkv_lab.attention import H100_SXM, predict_rung
+    from pagedkv_lab.course.ladder import H100_SXM, predict_rung
 
     got = predict_rung(rung, kind, shape, heads, H100_SXM, row.get("resources"))
     row.update(predicted_ms=got["ms"], predicted_bound=got["bound"],
@@ -442,6 +444,7 @@ def decode_ladder_benchmark(
     resources and the chapter's model's prediction (`_predict`). Rows over
     ``max_kv_bytes`` (default `max_row_kv_bytes`) are left out."""
     from pagedkv_lab.device import default_dtype
+    from pagedkv_lab.kernels import AttentionMetadata
 
     num_heads, kv_heads, head_dim = heads
     dtype = dtype or default_dtype(device)
@@ -458,13 +461,14 @@ def decode_ladder_benchmark(
                 for _ in range(2))  # fmt: skip
         kc, vc, tables = _paged_copy(k, v, block_size, gen)
         lens = torch.full((batch,), ctx, dtype=torch.int64, device=device)
+        meta = AttentionMetadata(tables, lens)  # one per shape: a step's metadata
         rows = {}
         calls = {"contiguous": partial(_contiguous_decode, q, k, v, num_heads != kv_heads)}
         for i, rung in enumerate(rungs):
             rows[i] = _rung_row(i, rung, "decode") | {
                 "batch": batch, "context_len": ctx, "dtype": str(dtype)[6:],
                 "block_size": block_size, "kv_bytes": kv_bytes}  # fmt: skip
-            calls[i] = partial(rung, q, kc, vc, tables, lens)
+            calls[i] = partial(rung, q, kc, vc, meta)
         expected = calls["contiguous"]().float()
         t = _time_rungs(rows, calls, device, repeats, warmup)
         src = torch.empty(kv_bytes, dtype=torch.uint8, device=device)
@@ -534,6 +538,7 @@ def prefill_ladder_benchmark(
     pinned to each backend that takes the inputs (``sdpa_ms_by_backend``;
     ``over_best_sdpa``: time over the fastest of them)."""
     from pagedkv_lab.device import default_dtype
+    from pagedkv_lab.kernels import AttentionMetadata
 
     num_heads, kv_heads, head_dim = heads
     dtype = dtype or default_dtype(device)
@@ -560,13 +565,14 @@ def prefill_ladder_benchmark(
             if device.type == "cuda":
                 calls[f"sdpa:{backend}"] = pinned
         flops = causal_attention_flops(seqs, length, num_heads, head_dim)
+        meta = AttentionMetadata(tables, lens, starts)  # one per shape: a step's
         rows = {}
         for i, rung in enumerate(rungs):
             rows[i] = _rung_row(i, rung, "prefill") | {
                 "seqs": seqs, "length": length, "dtype": str(dtype)[6:],
                 "block_size": block_size,
                 "sdpa_backend": sdpa_backend(q4, k, v, **gqa)}  # fmt: skip
-            calls[i] = partial(rung, q, kc, vc, tables, lens, starts)
+            calls[i] = partial(rung, q, kc, vc, meta)
         expected = calls["sdpa"]().float().transpose(1, 2).reshape(q.shape)
         t = _time_rungs(rows, calls, device, repeats, warmup)
         by_backend = {n.split(":")[1]: 1e3 * x for n, x in t.items()

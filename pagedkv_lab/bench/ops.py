@@ -19,7 +19,6 @@ from pagedkv_lab.engine.model_runner import ModelRunner
 from pagedkv_lab.engine.sequence import Sequence
 from pagedkv_lab.sampling_params import SamplingParams
 
-
 #: The operations that are matrix products: aten's (``linear`` as it is
 #: dispatched in inference mode, or the ``mm``/``addmm`` it becomes otherwise;
 #: oneDNN's linear), and the C++ library's projection (counted by `CountingLib`).

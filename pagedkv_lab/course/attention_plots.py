@@ -1,6 +1,7 @@
-"""Figures of chapter 04's kernels: how a program walks the blocks, the tiled
+"""Figures of chapters 04b-04d's kernels: how a program walks the blocks, the tiled
 kernel's Q-block and tiles, and the ladder of measured rungs. Drawing only; the
-numbers come from the caller (`pagedkv_lab.attention`, `bench.kernel`)."""
+numbers come from the caller (`pagedkv_lab.kernels`, `course.ladder`,
+`bench.kernel`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
 """Automatic checks for the chapters' exercises.
 
 Each ``check_*`` takes the reader's function, runs it on cases with known
-answers, prints one line per case (✓ or ✗ with what was expected) and a hint on
-failure, and returns True when every case passed. Solutions live in the
+answers, prints one line per case (✓ or ✗) and a hint on failure, and returns
+True when every case passed. Checks whose hint has two steps (chapters 04a-04d)
+never print the expected answer: the first miss gets a nudge, later misses the
+formula too. Solutions live in the
 repository's ``solutions/`` folder, not here.
 """
 
@@ -13,15 +15,23 @@ import random
 from collections.abc import Callable
 from types import SimpleNamespace
 
+#: How often each check has failed in this session: a check whose hint is a
+#: (nudge, formula) pair gives the nudge on the first miss, the formula after.
+_MISSES: dict[str, int] = {}
+
 
 def _run(
     name: str,
     fn: Callable,
     cases: list[tuple[str, tuple, object]],
-    hint: str,
+    hint: str | tuple[str, str],
     same: Callable[[object, object], bool] | None = None,
 ) -> bool:
+    """Run ``fn`` on ``cases`` and print what passed. ``hint``: one text, or a
+    (nudge, formula) pair: then a failed case shows what ``fn`` returned but not
+    the answer, and the formula comes only from the second miss on."""
     print(f"Checking {name}:")
+    two_step = isinstance(hint, tuple)
     passed = 0
     for label, args, expected in cases:
         try:
@@ -40,9 +50,14 @@ def _run(
         ):
             passed += 1
             print(f"  ✓ {label}")
+        elif two_step:
+            print(f"  ✗ {label}: got {got!r}")
         else:
             print(f"  ✗ {label}: expected {expected!r}, got {got!r}")
     ok = passed == len(cases)
+    if not ok and two_step:
+        _MISSES[name] = _MISSES.get(name, 0) + 1
+        hint = hint[0] if _MISSES[name] == 1 else f"{hint[0]} {hint[1]}"
     print(f"{passed}/{len(cases)} passed." + ("" if ok else f" Hint: {hint}"))
     return ok
 
@@ -374,7 +389,7 @@ def check_preemptions(fn: Callable) -> bool:
     )
 
 
-# Chapter 04 -----------------------------------------------------------------------------------------------
+# Chapters 04a-04d -----------------------------------------------------------------------------------------------
 
 
 def check_merge_two(fn: Callable) -> bool:
@@ -419,9 +434,11 @@ def check_merge_two(fn: Callable) -> bool:
         "merge_two",
         fn,
         cases,
-        "weights are exp(lse_a - lse) and exp(lse_b - lse) with lse = "
-        "logaddexp(lse_a, lse_b); leave out a part whose lse is -inf "
-        "(0 * NaN is NaN).",
+        ("each part weighs its share of the sum of exponentials over both parts, "
+         "and a part that saw no key must not touch the result.",
+         "The weights are exp(lse_a - lse) and exp(lse_b - lse) with lse = "
+         "logaddexp(lse_a, lse_b); leave out a part whose lse is -inf "
+         "(0 * NaN is NaN)."),
         same=same,
     )
 
@@ -438,7 +455,10 @@ def check_visible_keys(fn: Callable) -> bool:
         "visible_keys",
         fn,
         cases,
-        "query j sits at position context_len - query_len + j and sees itself.",
+        ("at which position does the j-th new query sit among the "
+         "context_len tokens?",
+         "Query j sits at position context_len - query_len + j and sees every "
+         "position up to and including its own."),
     )
 
 
@@ -455,10 +475,103 @@ def check_decode_flops_per_byte(fn: Callable) -> bool:
         "decode_flops_per_byte",
         lambda g, d, b: float(fn(g, d, b)),
         cases,
-        "per query head and key: head_dim multiply-adds for the score and as many "
-        "for the output (a multiply-add is 2 FLOPs); per KV head and key the cache "
-        "supplies a key and a value of head_dim elements each.",
+        ("count the FLOPs that one key costs all the query heads of its group, "
+         "and the bytes it costs the cache.",
+         "Per query head and key: head_dim multiply-adds for the score and as "
+         "many for the output (a multiply-add is 2 FLOPs); per KV head and key "
+         "the cache supplies a key and a value of head_dim elements each."),
         same=lambda got, expected: abs(got - expected) < 1e-9,
+    )
+
+
+def check_key_loads(fn: Callable) -> bool:
+    """``fn(prompt_len, positions) -> int``: keys loaded, for one KV head, by
+    programs of ``positions`` consecutive query positions over a whole prompt."""
+    cases = [
+        ("one position per program, 10 tokens", (10, 1), 55),
+        ("4 positions, 16 tokens", (16, 4), 40),
+        ("4 positions, 10 tokens (a short last program)", (10, 4), 22),
+        ("16 positions, 1,000 tokens", (1000, 16), 32248),
+        ("a prompt shorter than one program", (7, 16), 7),
+    ]
+    return _run(
+        "key_loads",
+        fn,
+        cases,
+        ("a program loads every key up to its last row's position, once.",
+         "Program p holds positions p * positions to (p + 1) * positions - 1 and "
+         "loads min(prompt_len, (p + 1) * positions) keys; add them up over the "
+         "ceil(prompt_len / positions) programs."),
+    )
+
+
+def check_tiles_in_flight(fn: Callable) -> bool:
+    """``fn(bandwidth, latency, tile_bytes) -> int``: tiles that must be in flight
+    to draw ``bandwidth`` bytes/s from a memory of ``latency`` seconds."""
+    cases = [
+        ("H100 HBM, 0.5 us, 32 KiB tiles", (3.35e12, 0.5e-6, 32768), 52),
+        ("2 TB/s, 1 us, 64 KiB tiles", (2e12, 1e-6, 65536), 31),
+        ("an exact fit", (2.0**40, 2.0**-20, 1024), 1024),
+        ("a slow memory, large tiles", (1e11, 1e-7, 65536), 1),
+    ]
+    return _run(
+        "tiles_in_flight",
+        lambda b, lat, t: int(fn(b, lat, t)),
+        cases,
+        ("Little's law: how many bytes must be on their way at once, and how "
+         "many whole tiles carry them?",
+         "Bytes in flight = bandwidth x latency; tiles = ceil(bytes / tile_bytes)."),
+    )
+
+
+def check_program_of(fn: Callable) -> bool:
+    """``fn(q_lens, block_q, seq, j) -> int``: the tiled kernel's program that holds
+    query ``j`` of sequence ``seq``."""
+    chat = [1, 1, 37, 1, 300]
+    cases = [
+        ("a one-token decode after another", (chat, 16, 1, 0), 1),
+        ("the first query of a prompt", (chat, 16, 2, 0), 2),
+        ("the last query of that prompt", (chat, 16, 2, 36), 4),
+        ("the first query of the long prompt", (chat, 16, 4, 0), 6),
+        ("its last query", (chat, 16, 4, 299), 24),
+        ("blocks of 4, the second sequence", ([5, 5], 4, 1, 3), 2),
+    ]
+    return _run(
+        "program_of",
+        fn,
+        cases,
+        ("which program holds a sequence's first query, and how many programs "
+         "after it does query j lie?",
+         "Sequence seq starts at query_start_loc[seq] = sum(q_lens[:seq]); its "
+         "first program is query_start_loc[seq] // block_q + seq, and query j is "
+         "j // block_q programs after it."),
+    )
+
+
+def check_prefill_flops_per_byte(fn: Callable) -> bool:
+    """``fn(seqs, length, heads, kv_heads, head_dim, itemsize) -> float``: causal
+    attention's FLOPs over the bytes of Q, K, V and the output, each once."""
+
+    def intensity(seqs, length, heads, kv_heads, head_dim, itemsize):
+        flops = 4 * head_dim * heads * seqs * length * (length + 1) / 2
+        return flops / (seqs * length * (2 * heads + 2 * kv_heads) * head_dim * itemsize)
+
+    args = [
+        ("4 prompts of 1,024 tokens, Llama-3-8B, bf16", (4, 1024, 32, 8, 128, 2)),
+        ("16 prompts of 256 tokens", (16, 256, 32, 8, 128, 2)),
+        ("multi-head attention, fp32", (2, 100, 8, 8, 64, 4)),
+        ("one token", (1, 1, 1, 1, 64, 4)),
+    ]
+    cases = [(label, a, intensity(*a)) for label, a in args]
+    return _run(
+        "prefill_flops_per_byte",
+        lambda *a: float(fn(*a)),
+        cases,
+        ("count the bytes of Q and of the output (one row per token and query "
+         "head) and of K and V (one row per token and KV head).",
+         "Bytes = seqs x length x (2 x heads + 2 x kv_heads) x head_dim x "
+         "itemsize; divide the FLOPs the exercise gives by them."),
+        same=lambda got, expected: abs(got - expected) <= 1e-9 * expected,
     )
 
 

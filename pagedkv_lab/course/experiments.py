@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from pagedkv_lab.course.static_batch import run_to_completion
 from pagedkv_lab.engine.sequence import sample_seed
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.sampling_params import BeamSearchParams, SamplingParams
@@ -762,12 +763,12 @@ def per_block_softmax_errors(
     num_keys: int = 1000, head_dim: int = 64, block_size: int = 16, seed: int = 0
 ) -> dict[str, float]:
     """Max error against softmax over the whole row (float64), for one query:
-    blocks merged by their log-sum-exp (`attention.merge_partial_attention`,
-    chapter 04), and the trap, each block normalised on its own and the
+    blocks merged by their log-sum-exp (`kernels.reference.merge_partial_attention`,
+    chapter 04a), and the trap, each block normalised on its own and the
     blocks' outputs summed or averaged."""
     import math
 
-    from pagedkv_lab.attention import merge_partial_attention
+    from pagedkv_lab.kernels.reference import merge_partial_attention
 
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(head_dim, dtype=torch.float64, generator=gen)

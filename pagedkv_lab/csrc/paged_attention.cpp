@@ -1,4 +1,4 @@
-// Paged attention on a CPU: the algorithm of chapter 04's Triton kernel, in C++.
+// Paged attention on a CPU: the algorithm of chapter 04b's Triton kernel, in C++.
 //
 // A work item takes one sequence and query rows of it (decode: all the heads of
 // its query, so each token's K and V rows are read whole; prefill: the GQA group
@@ -9,7 +9,7 @@
 // is one SIMD register of floats (16 with AVX-512, 8 with AVX2, 4 with SSE or
 // NEON), written with GCC/Clang vector extensions; a `vec` holds a tile's 16
 // scores.
-// OpenMP runs the work items in parallel. pagedkv_lab/attention.py builds it
+// OpenMP runs the work items in parallel. pagedkv_lab/kernels/cpu.py builds it
 // with the system's compiler and calls it through ctypes.
 //
 // The file ends with the layer ops of chapter 05's fused runner (RMSNorm,
@@ -154,7 +154,7 @@ struct Args {
   float* out;  // [tokens, heads, head_dim] fp32
 };
 
-// ---- walk: one work item (shown in chapter 04) ----
+// ---- walk: one work item (shown in chapter 04b) ----
 // The next tile's K and V lines, prefetched a few per token of work on this
 // tile. Issued all at once they would fill the core's few miss buffers and
 // stall it until memory answered, so that reading and computing took turns; a

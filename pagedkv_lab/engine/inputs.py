@@ -59,16 +59,17 @@ def attend(step: StepInputs, layer_idx: int, q: torch.Tensor,
     """One layer's paged attention over a packed step, the step's K/V already
     in the cache: ``q`` is ``[num_tokens, heads, head_dim]`` (any row strides),
     and so is the result. The decode rows and the prefill rows (causal, every
-    sequence at once) each take one call of the kernels' `paged_attention`."""
-    k_cache, v_cache = step.kv_cache.layers[layer_idx]
+    sequence at once) each take one call of the step's attention path
+    (``step.attention``, `attention_backend`'s choice)."""
+    k_cache, v_cache, attention = *step.kv_cache.layers[layer_idx], step.attention
     if step.prefill is None:  # pure decode: one query per sequence, in order
-        return paged_attention(q, k_cache, v_cache, step.decode, scale, check=False)
+        return attention(q, k_cache, v_cache, step.decode, scale)
     out = q.new_empty(q.shape)
     if step.decode is not None:
         rows = step.decode_rows
-        out[rows] = paged_attention(q[rows], k_cache, v_cache, step.decode, scale, check=False)
+        out[rows] = attention(q[rows], k_cache, v_cache, step.decode, scale)
     rows = step.prefill_rows
-    out[rows] = paged_attention(q[rows], k_cache, v_cache, step.prefill, scale, check=False)
+    out[rows] = attention(q[rows], k_cache, v_cache, step.prefill, scale)
     return out
 
 

@@ -26,7 +26,7 @@ from pagedkv_lab.engine.inputs import (
 from pagedkv_lab.engine.kv_cache import PagedKVCache
 from pagedkv_lab.engine.sampler import SampledTokens, Sampler
 from pagedkv_lab.engine.sequence import SchedulerOutput, Sequence
-from pagedkv_lab.kernels import attention_backend
+from pagedkv_lab.kernels.dispatch import attention_backend
 from pagedkv_lab.kvmath import head_dim_of
 
 ATTENTION_NAME = "pagedkv"

@@ -1,30 +1,43 @@
-"""TEMPORARY shim until the kernels package lands (kernels-split branch)."""
+"""Paged attention over a block pool (chapters 04a-04c).
+
+    from pagedkv_lab.kernels import AttentionMetadata, paged_attention
+    out = paged_attention(q, k_cache, v_cache, AttentionMetadata(tables, lens))
+
+Modules: `metadata` (`AttentionMetadata` and its checks), `reference` (the
+PyTorch paths and the float64 reference), `triton_decode` (the first Triton
+kernel), `triton_tiled` (the tiled Triton kernel, its launch plan and merge),
+`cpu` (the C++ kernel, built on first use) and `dispatch` (`paged_attention`,
+the best path for the device). Every path takes ``(q, k_cache, v_cache, meta,
+scale)``.
+
+**Triton's mode** is chosen here, once, before any of these modules defines a
+``@triton.jit`` kernel (Triton reads ``TRITON_INTERPRET`` when a kernel is
+defined): `use_interpreter_without_cuda` runs on import of this package. A
+chapter's `course.notebook.setup()` has chosen already (it follows the device
+the chapter picked), and an environment that sets ``TRITON_INTERPRET`` itself
+keeps its choice: ``TRITON_INTERPRET=0`` keeps the kernels compilable on a
+machine without a GPU (``triton.compile`` with a ``GPUTarget``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
 
 import torch
 
-from pagedkv_lab.attention import paged_decode, paged_prefill  # noqa: F401
+
+def use_interpreter_without_cuda() -> bool:
+    """Without CUDA, Triton kernels can only run in Triton's interpreter: set
+    ``TRITON_INTERPRET=1`` unless the environment already says; return whether
+    kernels defined from now on are interpreted."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@dataclass
-class AttentionMetadata:
-    block_tables: torch.Tensor
-    context_lens: torch.Tensor
-    query_start_loc: torch.Tensor | None = None
-    workspace: dict = field(default_factory=dict)
+use_interpreter_without_cuda()  # before the modules below define their kernels
 
+from pagedkv_lab.kernels.dispatch import paged_attention  # noqa: E402
+from pagedkv_lab.kernels.metadata import AttentionMetadata  # noqa: E402
 
-def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale=None, check=True):
-    if meta.query_start_loc is None:
-        return paged_decode(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
-                            scale, meta.workspace, check)
-    return paged_prefill(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
-                         meta.query_start_loc, scale, check)
-
-
-def attention_backend(device, dtype, head_dim: int):
-    """The attention entry point for a step's layers on ``device`` (shim: the dispatch)."""
-    return paged_attention
+__all__ = ["AttentionMetadata", "paged_attention", "use_interpreter_without_cuda"]

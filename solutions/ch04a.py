@@ -1,4 +1,4 @@
-"""Solutions to chapter 04's exercises."""
+"""Solutions to chapter 04a's exercises."""
 
 import math
 
@@ -26,12 +26,3 @@ def visible_keys(context_len: int, query_len: int, j: int) -> int:
     """Query j sits at position context_len - query_len + j and sees every position
     up to its own."""
     return context_len - query_len + j + 1
-
-
-def decode_flops_per_byte(group: int, head_dim: int, bytes_per_element: int) -> float:
-    """Per KV head and key: 4 * head_dim FLOPs for each of the group's query heads
-    (2 * head_dim for the score q.k, 2 * head_dim for adding p * v), against a key
-    and a value of head_dim elements read from the cache."""
-    flops = 4 * head_dim * group
-    bytes_read = 2 * head_dim * bytes_per_element
-    return flops / bytes_read
