@@ -6,6 +6,19 @@
 Importing the package is cheap and never imports Triton, so that a notebook's
 setup can still choose Triton's interpreter mode first; the names below are
 loaded on first use (and listed by ``dir(pagedkv_lab)`` before that).
+
+The modules of the API sit here: `llm` (`LLM`), `config` (`EngineArgs`),
+`sampling_params`, `outputs`, `input_processor`, `output_processor`,
+`tokenizing`, `models`, `device`, `kvmath` and `compare`. The packages:
+
+* `engine`: the serving engine, one module per mechanism (chapters 03, 05a-09);
+* `kernels`: paged attention and the layer ops' kernels (chapters 04a-04c, 05b);
+* `sim`: the simulators of chapters 02, 03 and 08, and the workloads;
+* `course`: the chapters' apparatus (setup, figures, widgets, exercises,
+  experiments, claims), which the engine never imports;
+* `bench`: ``python -m pagedkv_lab.bench``; `serve`: the HTTP server.
+
+book/api.md ("How the library is organised") has one line per module.
 """
 
 __version__ = "0.1.0"
@@ -33,6 +46,11 @@ MOVED = {
     "workloads": "sim.workloads", "contiguous": "sim.contiguous",
     "_sphinx": "course._sphinx", "_vllm_peer": "bench._vllm_peer",
     "attention": "kernels",
+    "block_manager": "engine.block_manager", "paging": "engine.block_manager",
+    "prefix_cache": "engine.prefix_cache", "scheduler": "engine.scheduler",
+    "preemption": "engine.scheduler (and engine.swap)", "groups": "engine.groups",
+    "fused": "engine.fused", "graphs": "engine.graphs", "sampling": "engine.sampler",
+    "stats": "engine.core",
 }  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """The engine's door: prompts and sampling parameters checked, completely,
-before anything is queued (vLLM's ``vllm/v1/engine/processor.py`` does this
-for its ``LLMEngine``).
+before anything is queued (vLLM's ``InputProcessor``,
+``vllm/v1/engine/input_processor.py``, ``processor.py`` in older releases).
 
 `InputProcessor`, which `LLM` holds, takes requests in: it turns a prompt (a
 text, token ids, or vLLM's ``{"prompt": ...}`` and ``{"prompt_token_ids":

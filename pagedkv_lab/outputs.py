@@ -83,7 +83,7 @@ class RequestOutput:
     ``finish_reason`` is ``"stop"`` (EOS, a stop token or a stop string),
     ``"length"``, ``"abort"`` (`LLM.abort`) or ``"error"`` (then ``error`` says
     what failed); None while ``finished`` is False (a streamed output of
-    `LLMEngine.step`). ``text``, ``token_ids`` and ``finish_reason`` are those
+    `LLM.step`). ``text``, ``token_ids`` and ``finish_reason`` are those
     of ``outputs[0]``. ``request_id`` is the id given to `add_request`, or the
     engine's own number. ``num_cached_tokens`` counts the prompt tokens whose
     K/V came from the prefix cache; ``prompt_logprobs`` (with

@@ -1,7 +1,7 @@
-"""vLLM's sampling settings, `SamplingParams`, and what `LLMEngine.step`
-streams, `RequestOutputKind` (vLLM keeps both in ``vllm/sampling_params.py``).
+"""vLLM's sampling settings, `SamplingParams`, and what `LLM.step` streams,
+`RequestOutputKind` (vLLM keeps both in ``vllm/sampling_params.py``).
 
-Chapter 05's sampler reads what the course needs (greedy, temperature, top-k,
+Chapter 05a's sampler reads what the course needs (greedy, temperature, top-k,
 top-p, seeds, stop token ids); a user arriving from vLLM expects more, and
 the same class has it. Beam search takes `BeamSearchParams` instead.
 
@@ -85,7 +85,7 @@ def refuse_unsupported(
 
 
 class RequestOutputKind(enum.Enum):
-    """What `LLMEngine.step` returns for a request that is still running
+    """What `LLM.step` returns for a request that is still running
     (vLLM's names): every step the whole output so far (``CUMULATIVE``, the
     default), only what is new since the last step (``DELTA``), or nothing
     until it finishes (``FINAL_ONLY``; `LLM.generate` uses this)."""
@@ -135,7 +135,7 @@ def check_bool(name: str, value, none_ok: bool = False) -> bool | None:
 class SamplingParams:
     """How to pick tokens and when to stop, per request, with vLLM's names.
 
-    Chapter 05's fields (``n``, ``temperature``, ``top_p``, ``top_k``,
+    Chapter 05a's fields (``n``, ``temperature``, ``top_p``, ``top_k``,
     ``max_tokens``, ``seed``, ``stop_token_ids``, ``ignore_eos``) keep their
     meaning, with vLLM's conventions: ``top_k`` 0 or -1 means no cut;
     ``max_tokens=None`` means up to the model's length. The rest is described

@@ -11,9 +11,10 @@ appending tokens, freeing what finished. This measures the second part on any
 machine. `tiny-llama` serves the prompts (on the CPU); then the runner's
 `forward` is replaced by a stand-in that returns fixed logits at once, and the
 engine's decode steps are timed, whole and by phase (median over the steps
-after the first two). Everything else runs as in a real step: the runner's
-copy-on-write check and its input packing (`prepare`) included, and the
-sampler over the stand-in's logits: an argmax by default, and with
+after the first two). Everything else runs as in a real step: the scheduler's
+`schedule` and `postprocess`, the runner's block copies and its input packing
+(`pack_arrays`, `upload_step`) included, and the `Sampler` over the stand-in's
+logits: an argmax by default, and with
 ``--temperature`` a draw per row (``--seed``: every request seeded, as
 ``bench nanovllm``'s engine seeds them).
 
@@ -49,18 +50,28 @@ SCHEDULER_PHASES = ("schedule", "postprocess")
 RUNNER_PHASES = ("logits", "sampler")
 
 
-def timed(phases: dict, obj, name: str) -> None:
-    """Wrap ``obj.name`` so that each call adds its seconds to ``phases[name]``."""
-    call = getattr(obj, name)
+class Timed:
+    """Stands in for a method or a callable object (the runner's sampler):
+    each call adds its seconds to ``phases[name]``; any other attribute is the
+    target's (``runner.sampler.batch``...)."""
 
-    def wrapper(*args, **kwargs):
+    def __init__(self, target, phases: dict, name: str):
+        self.target, self.phases, self.name = target, phases, name
+
+    def __call__(self, *args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return call(*args, **kwargs)
+            return self.target(*args, **kwargs)
         finally:
-            phases[name][-1] += time.perf_counter() - t0
+            self.phases[self.name][-1] += time.perf_counter() - t0
 
-    setattr(obj, name, wrapper)
+    def __getattr__(self, attr: str):
+        return getattr(self.target, attr)
+
+
+def timed(phases: dict, obj, name: str) -> None:
+    """Replace ``obj.name`` by a `Timed` stand-in for it."""
+    setattr(obj, name, Timed(getattr(obj, name), phases, name))
 
 
 def decoding_engine(n: int, length: int, steps: int, async_scheduling: bool,

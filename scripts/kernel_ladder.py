@@ -580,7 +580,7 @@ def main(argv=None) -> int:
             results["failed"].append(name)
         print(f"({name}: {time.perf_counter() - t0:.0f} s)")
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    if results.get("ladder"):  # the file chapter 04 reads (copy it into the report)
+    if results.get("ladder"):  # the file chapters 04c and 04d read (copy it into the report)
         section = {"device": results["device"], **results["ladder"]}
         (out / "kernel_ladder.json").write_text(json.dumps(section, indent=1, default=str))
     table = summary(results)

@@ -9,7 +9,7 @@
 Results are ratios measured in the same process, on the machine at hand, never
 absolute targets. Ratios do not carry from one device to another, because each
 device runs its own kernel (the C++ kernel on a CPU, the Triton kernels on a GPU)
-against its own contiguous baseline: chapters 04 and 10 measure the kernel on the
+against its own contiguous baseline: chapters 04b and 10 measure the kernel on the
 machine at hand and read the H100's tables from `book/reports/h100`.
 
 The package, one module per part, none importing the CLI or the report:

@@ -575,7 +575,7 @@ def check_prefill_flops_per_byte(fn: Callable) -> bool:
     )
 
 
-# Chapter 05 -----------------------------------------------------------------------------------------------
+# Chapter 05a -----------------------------------------------------------------------------------------------
 
 
 def check_positions_for(fn: Callable) -> bool:
@@ -623,6 +623,55 @@ def check_blocks_held(fn: Callable) -> bool:
         fn,
         cases,
         "each sequence holds ceil((prompt + new_tokens - 1) / block_size) blocks.",
+    )
+
+
+# Chapter 05b ----------------------------------------------------------------------------
+
+
+def check_fused_rows(fn: Callable) -> bool:
+    """``fn(heads, kv_heads, head_dim) -> int``: rows of one layer's
+    concatenated q/k/v weight."""
+    cases = [
+        ("multi-head attention: 12 heads of 64", (12, 12, 64), 2304),
+        ("GQA: 32 query heads, 8 KV heads of 128", (32, 8, 128), 6144),
+        ("Qwen3-0.6B's shape: 16 and 8 heads of 128", (16, 8, 128), 4096),
+        ("one head of 8", (1, 1, 8), 24),
+    ]
+    return _run(
+        "fused_rows",
+        lambda h, kv, d: int(fn(h, kv, d)),
+        cases,
+        ("the matrix stacks the q, k and v projections' weights: how many "
+         "output rows does each have?",
+         "q has one row per query head and head dimension; k and v one per KV "
+         "head and head dimension each."),
+    )
+
+
+def check_graph_bucket(fn: Callable) -> bool:
+    """``fn(batch, max_num_seqs) -> int | None``: the CUDA graph a pure decode
+    step of ``batch`` sequences replays, or None (eager)."""
+    cases = [
+        ("a batch of 1", (1, 256), 1),
+        ("3 sequences", (3, 256), 4),
+        ("exactly 8", (8, 256), 8),
+        ("9 sequences", (9, 256), 16),
+        ("33 sequences", (33, 256), 48),
+        ("250 of at most 256", (250, 256), 256),
+        ("max_num_seqs 20, batch 17", (17, 20), 20),
+        ("max_num_seqs 4, batch 3", (3, 4), 4),
+        ("more than max_num_seqs", (300, 256), None),
+    ]
+    return _run(
+        "graph_bucket",
+        fn,
+        cases,
+        ("list the batch sizes that get a graph, then take the smallest that "
+         "holds the batch.",
+         "The sizes are 1, 2, 4 and 8, every multiple of 16, and max_num_seqs "
+         "itself, none above max_num_seqs; a batch larger than all of them runs "
+         "eagerly."),
     )
 
 
@@ -682,6 +731,7 @@ def _demo_preemptions(watermark: float) -> int:
     """Chapter 06's scheduler demo, without the model: with EOS ignored the
     schedule does not depend on which tokens are sampled."""
     from pagedkv_lab.engine.block_manager import BlockManager
+    from pagedkv_lab.engine.sampler import SampledOutput
     from pagedkv_lab.engine.scheduler import Scheduler
     from pagedkv_lab.engine.sequence import Sequence, SequenceGroup
     from pagedkv_lab.sampling_params import SamplingParams
@@ -693,12 +743,9 @@ def _demo_preemptions(watermark: float) -> int:
         params = SamplingParams(temperature=0, max_tokens=o, ignore_eos=True)
         sched.add(SequenceGroup(i, Sequence(list(range(1, p + 1)), params)))
     while sched.has_unfinished:
-        plan = sched.schedule()
-        for seq, n in zip(plan.seqs, plan.num_new_tokens):
-            seq.num_computed_tokens += n
-            if seq.num_computed_tokens == seq.num_tokens:
-                seq.append_token(5, None, 2048)
-        sched.free_finished()
+        plan = sched.schedule()  # every sampling sequence gets token 5
+        n = len(plan.sample_seqs)
+        sched.postprocess(plan, SampledOutput([5] * n, [0.0] * n, [None] * n, {}, []))
     return sched.num_preemptions
 
 

@@ -1,7 +1,7 @@
-"""The measurements chapters 02-03 and 07-11 show, as functions, so that chapter
+"""The measurements chapters 02-03 and 06-11 show, as functions, so that chapter
 11's claims audit re-runs exactly what the chapters ran.
 
-Chapters 02 and 03 replay simulated traces through memory pools; from chapter 07
+Chapters 02 and 03 replay simulated traces through memory pools; from chapter 06
 on, each function serves real requests through the engine. All return plain
 numbers or simulation results; none prints or plots. ``model`` is an offline model name or an already
 loaded ``(model, tokenizer)`` pair (faster when a sweep builds many engines).
@@ -539,7 +539,7 @@ def hash_cost(
 
 
 def _engine_runner(model, num_blocks: int, block_size: int, max_model_len: int):
-    """The runner `LLM` would use for ``model`` (chapter 05's fused one where the
+    """The runner `LLM` would use for ``model`` (chapter 05b's fused step where the
     layout allows), so that timings compare like with like."""
     from pagedkv_lab.engine.model_runner import ModelRunner
 

@@ -22,7 +22,7 @@ WAITING, PREFILL, DECODE, IDLE, DONE = 0, 1, 2, 3, 4
 def static_timeline(
     prompt_lens: list[int], output_lens: list[int], batch_size: int, block_size: int
 ) -> list[dict]:
-    """Static batching, exactly as chapter 05's `run_to_completion` runs it: the
+    """Static batching, exactly as chapter 05a's `run_to_completion` runs it: the
     requests in order, ``batch_size`` at a time; a batch prefills its prompts
     in one step, then decodes until its longest request is done. A finished
     request leaves the batch's forward passes but keeps its blocks (freed when

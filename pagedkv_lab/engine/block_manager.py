@@ -137,6 +137,8 @@ class BlockManager:
         that hit a block this step fills (``register="scheduled"``) reads it
         only after it is written."""
         counts = self.allocator.ref_counts
+        if self.prefix_cache is None or not self._filling:
+            return counts
         early = [(block, n) for block, n in self._filling.items() if n]
         if not early:
             return counts
@@ -385,6 +387,11 @@ class CachingBlockAllocator(BlockAllocator):
     def num_free(self) -> int:
         return len(self.free_list) + len(self.evictable)
 
+    def allocate(self) -> int:
+        if not self.free_list and self.evictable:
+            self._evict()
+        return super().allocate()
+
     def free(self, block: int) -> None:
         self._check_held(block, "free")
         self.ref_counts[block] -= 1
@@ -405,11 +412,6 @@ class CachingBlockAllocator(BlockAllocator):
         if block in self.evictable:
             del self.evictable[block]
             self.free_list.append(block)
-
-    def allocate(self) -> int:
-        if not self.free_list and self.evictable:
-            self._evict()
-        return super().allocate()
 
     def _evict(self) -> None:
         if self.policy == "evict-all":

@@ -213,6 +213,7 @@ class EngineCore:
         except BaseException:  # interrupted (a request's own failure is caught inside)
             self.scheduler.undo(plan)
             raise
+        self.stats.tokens_computed += sum(n for part, _ in parts for n in part.num_new_tokens)
         pending = None
         tokens = [sampled.tokens for _, sampled in parts if sampled is not None]
         if self.async_scheduling and tokens:

@@ -1,4 +1,5 @@
-"""Paged attention over a block pool (chapters 04a-04c).
+"""Paged attention over a block pool (chapters 04a-04c), and the kernels of
+chapter 05b's layer ops.
 
     from pagedkv_lab.kernels import AttentionMetadata, paged_attention
     out = paged_attention(q, k_cache, v_cache, AttentionMetadata(tables, lens))
@@ -6,8 +7,12 @@
 Modules: `metadata` (`AttentionMetadata` and its checks), `reference` (the
 PyTorch paths and the float64 reference), `triton_decode` (the first Triton
 kernel), `triton_tiled` (the tiled Triton kernel, its launch plan and merge),
-`cpu` (the C++ kernel, built on first use) and `dispatch` (`paged_attention`,
-the best path for the device). Every path takes ``(q, k_cache, v_cache, meta,
+`cpu` (the C++ library, built on first use: the attention kernel of chapter
+04b, and chapter 05b's layer ops, `CpuLayerOps`, and projections,
+`cpu_linear`), `dispatch` (`paged_attention`, the best path for the device,
+chosen at every call; `attention_backend`, the path chosen once, which the
+engine's runner calls, chapter 05a) and `triton_layers` (`TritonLayerOps`,
+chapter 05b). Every attention path takes ``(q, k_cache, v_cache, meta,
 scale)``.
 
 **Triton's mode** is chosen here, once, before any of these modules defines a

@@ -1,4 +1,4 @@
-"""Solutions to chapter 05's exercises."""
+"""Solutions to chapter 05a's exercises."""
 
 from itertools import accumulate
 
