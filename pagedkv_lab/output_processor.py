@@ -135,25 +135,30 @@ class OutputProcessor:
             seq = plan.seqs[i]
             state = self._states[plan.groups[i].request_id]
             targets = seq.token_ids[start + 1 : start + 1 + len(logits)]
-            state.prompt_logprobs += top_logprobs(
+            entries = top_logprobs(
                 logits.log_softmax(-1),
                 torch.tensor(targets, device=logits.device),
                 [state.params.prompt_logprobs] * len(targets),
             )
+            self._name_tokens(entries)
+            state.prompt_logprobs += entries
+
+    def _name_tokens(self, entries: list[dict]) -> None:
+        """Fill in the text of every `Logprob` in ``entries`` that has none (as
+        vLLM's do, each token decoded alone)."""
+        if self.tokenizer is None:
+            return
+        todo = [
+            (t, lp) for d in entries for t, lp in d.items() if lp.decoded_token is None
+        ]
+        texts = self.tokenizer.batch_decode([[t] for t, _ in todo])
+        for (_, lp), text in zip(todo, texts):
+            lp.decoded_token = text
 
     def _logprobs(self, group, seq: Sequence):
         """``seq``'s per-token log-probabilities, their tokens' text filled in."""
         entries = group.logprobs.get(seq.seq_id, [])
-        if self.tokenizer is not None:
-            todo = [
-                (t, lp)
-                for d in entries
-                for t, lp in d.items()
-                if lp.decoded_token is None
-            ]
-            texts = self.tokenizer.batch_decode([[t] for t, _ in todo])
-            for (_, lp), text in zip(todo, texts):
-                lp.decoded_token = text
+        self._name_tokens(entries)
         return list(entries)
 
     def _completion(
