@@ -10,7 +10,9 @@ each output to its request's stream. So:
 
 * only the worker thread touches the `LLM` (its tokenizer included), one call
   at a time, and no lock is held while a step runs: the event loop keeps
-  accepting, answering ``/metrics`` and streaming while the worker steps;
+  accepting, answering ``/metrics`` and streaming while the worker steps
+  (``/tokenize`` and ``/detokenize`` run there too, between two steps:
+  `run_in_worker`; so does the decoding of an echoed prompt);
 * requests join the engine in arrival order at the next step boundary, and
   the engine's own FCFS scheduler serves them, so none is starved;
 * a request whose client is gone is aborted at the next step boundary, and

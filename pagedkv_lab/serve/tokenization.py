@@ -59,11 +59,11 @@ def tokenize(tokenizer, body: TokenizeRequest, max_model_len: int) -> dict:
     if body.messages is not None:
         field, special = "messages", bool(body.add_special_tokens)
         messages = [m.as_dict() for m in body.messages]
-        try:
+        try:  # a template that raises is the request's problem, as in a chat
             (chat,) = chat_prompts(
                 tokenizer, messages, None, body.add_generation_prompt
             )
-        except ValueError as err:
+        except Exception as err:
             raise RequestError(str(err), "messages") from None
         text = chat["prompt"]
     else:
