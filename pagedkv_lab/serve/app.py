@@ -221,15 +221,16 @@ class _Reply:
     def body(self) -> dict:
         """The whole reply, choices in index order."""
         make = chat_choice if self.chat else completion_choice
+        choices = sorted(self.choices.items())
         items = [
             self._ids(
                 make(i, c.text, c.finish_reason, c.stop_reason, c.logprobs),
                 c, c.token_ids, True,
             )
-            for i, c in sorted(self.choices.items())
+            for i, c in choices
         ]  # fmt: skip
-        if self.vllm_prompt_logprobs:
-            for item, c in zip(items, (c for _, c in sorted(self.choices.items()))):
+        if self.vllm_prompt_logprobs:  # vLLM's field, per choice
+            for item, (_, c) in zip(items, choices):
                 entries = self.prompt_logprobs.get(c.prompt, [])
                 item["prompt_logprobs"] = vllm_prompt_logprobs(entries)
         if self.chat:
