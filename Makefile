@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
-.PHONY: setup book test test-chapters test-floor lab export execute lint clean gpu-check
+.PHONY: setup book test test-chapters test-floor test-eval lab export execute lint clean gpu-check
 
 # The lowest transformers pyproject.toml allows (tests/test_versions.py checks the two agree).
 TRANSFORMERS_FLOOR := 5.17.0
@@ -53,6 +53,21 @@ test-floor: setup  ## the unit tests again, on the lowest transformers the packa
 	  "httpx>=0.23,<1" "httpcore>=1,<2"
 	PYTHONPATH=.floor $(BIN)/python -m pytest tests -q
 
+# lm-evaluation-harness (the `eval` extra) against `python -m pagedkv_lab.serve`, in a
+# virtual environment of its own, so that its dependencies never reach .venv's.
+EVAL_VENV ?= .venv-eval
+EVAL := $(EVAL_VENV)/bin
+
+$(EVAL)/python:
+	$(PY) -m venv $(EVAL_VENV)
+	$(EVAL)/pip install -q --upgrade pip
+	$(EVAL)/python -c "import torch" 2>/dev/null || $(EVAL)/pip install -q "torch==2.13.0"
+
+test-eval: $(EVAL)/python  ## lm-eval's local-completions evaluates the server on two tiny tasks (tests/test_lmeval.py)
+	$(EVAL)/pip install -q -e ".[serve,eval]" "pytest>=8" "hypothesis>=6.100"
+	$(EVAL)/python -c "import lm_eval, fastapi"  # installed, so the test cannot skip
+	$(EVAL)/python -m pytest tests/test_lmeval.py -q
+
 lab: setup  ## open the chapters in JupyterLab (with jupyterlab-myst, so MyST roles render)
 	$(BIN)/pip install -q -e ".[lab]"
 	$(BIN)/jupyter lab notebooks/00_setup.ipynb
@@ -80,4 +95,4 @@ lint: setup
 	$(BIN)/ruff check pagedkv_lab tests solutions scripts
 
 clean:
-	rm -rf _build .floor $(BASE_VENV)
+	rm -rf _build .floor $(BASE_VENV) $(EVAL_VENV)

@@ -103,8 +103,12 @@ class LLM:
         core = self.engine_core
         core.stats = type(core.stats)(core.stats.num_blocks, core.stats.block_size)
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:  # fmt: skip
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order.
 
         Every request is checked before any is queued: one bad prompt raises
@@ -115,16 +119,31 @@ class LLM:
         ids = [self._enqueue(ids, sp, text) for ids, sp, text in checked]
         return self._run(ids, use_tqdm)
 
-    def chat(self, messages, sampling_params=None, use_tqdm: bool = True, *,
-             chat_template: str | None = None, add_generation_prompt: bool = True):  # fmt: skip
+    def chat(
+        self,
+        messages,
+        sampling_params=None,
+        use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ):
         """Replies to one conversation (``[{"role": ..., "content": ...}]``) or
         a list of them, through the tokenizer's chat template (or
         ``chat_template``), as vLLM's ``LLM.chat``."""
-        prompts = chat_prompts(self.tokenizer, messages, chat_template, add_generation_prompt)
+        prompts = chat_prompts(
+            self.tokenizer, messages, chat_template, add_generation_prompt
+        )
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def add_request(self, request_id, prompt=_NOT_GIVEN, params: SamplingParams | None = None,
-                    *, cache_salt: str | None = None) -> int | str:  # fmt: skip
+    def add_request(
+        self,
+        request_id,
+        prompt=_NOT_GIVEN,
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+    ) -> int | str:
         """Queue one request; its outputs come from `step`. Returns its id.
 
         vLLM's shape, ``add_request("req-1", prompt, params)``, takes a string

@@ -226,7 +226,7 @@ class OutputProcessor:
         return RequestOutput(state.request_id, state.prompt, prompt_ids, outputs, metrics,
                              error, finished=final,
                              num_cached_tokens=group.num_cached_tokens or 0,
-                             prompt_logprobs=group.prompt_logprobs)  # fmt: skip
+                             prompt_logprobs=self._prompt_logprobs(group))  # fmt: skip
 
     def _completion(self, index: int, seq: Sequence, group: SequenceGroup,
                     state: RequestState) -> CompletionOutput:  # fmt: skip
@@ -276,12 +276,26 @@ class OutputProcessor:
     def _logprobs(self, group: SequenceGroup, seq: Sequence):
         """``seq``'s per-token log-probabilities, their tokens' text filled in."""
         entries = group.logprobs.get(seq.seq_id, [])
-        if self.tokenizer is not None:
-            todo = [(t, lp) for d in entries for t, lp in d.items() if lp.decoded_token is None]
-            texts = self.tokenizer.batch_decode([[t] for t, _ in todo])
-            for (_, lp), text in zip(todo, texts):
-                lp.decoded_token = text
+        self._name_tokens(entries)
         return list(entries)
+
+    def _prompt_logprobs(self, group: SequenceGroup):
+        """The prompt's log-probabilities (None where not asked), their tokens'
+        text filled in."""
+        entries = group.prompt_logprobs
+        if entries is not None:
+            self._name_tokens([d for d in entries if d is not None])
+        return entries
+
+    def _name_tokens(self, entries: list[dict]) -> None:
+        """Fill in the text of every `Logprob` in ``entries`` that has none (as
+        vLLM's do, each token decoded alone)."""
+        if self.tokenizer is None:
+            return
+        todo = [(t, lp) for d in entries for t, lp in d.items() if lp.decoded_token is None]
+        texts = self.tokenizer.batch_decode([[t] for t, _ in todo])
+        for (_, lp), text in zip(todo, texts):
+            lp.decoded_token = text
 
 
 def beam_search_output(out: RequestOutput) -> BeamSearchOutput:

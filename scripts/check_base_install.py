@@ -15,8 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: Importable only through an extra (book, lab, serve); never in a Colab install.
-EXTRAS_ONLY = ("myst_nb", "jupyter_book", "sphinx", "jupyterlab", "fastapi", "uvicorn")
+#: Importable only through an extra (book, lab, serve, eval); never in a Colab install.
+EXTRAS_ONLY = ("myst_nb", "jupyter_book", "sphinx", "jupyterlab", "fastapi", "uvicorn",
+               "lm_eval")  # fmt: skip
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 

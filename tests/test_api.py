@@ -383,6 +383,7 @@ def test_prompt_logprobs_equal_a_transformers_forward(pair, budget, caching):
             assert next(iter(entry)) == prompt[pos]
             for t, lp in entry.items():
                 assert abs(lp.logprob - theirs[pos - 1, t].item()) < 1e-4
+                assert lp.decoded_token == tok.decode([t])  # each token's text
     assert out.token_ids == _hf(model, prompt, 3)
     _assert_idle(llm)
 

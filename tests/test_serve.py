@@ -106,8 +106,12 @@ def _post(server: Server, path: str, **kw) -> httpx.Response:
 @pytest.fixture(scope="module", params=[[], ["--async-scheduling"]], ids=["sync", "async"])
 def server(tmp_path_factory, request):
     """The server, its engine stepping synchronously (a CPU's default) or with
-    asynchronous scheduling: every test below runs against both."""
-    s = Server(*request.param, log=tmp_path_factory.mktemp("serve") / "server.log")
+    asynchronous scheduling: every test below runs against both. It answers
+    ``/tokenizer_info`` (the small server does not)."""
+    s = Server(
+        "--enable-tokenizer-info-endpoint", *request.param,
+        log=tmp_path_factory.mktemp("serve") / "server.log",
+    )  # fmt: skip
     yield s
     assert s.stop() == 0, s.log.read_text()[-3000:]
 
@@ -140,6 +144,14 @@ def _stop_small():
 @pytest.fixture(scope="module")
 def llm():
     return LLM(MODEL, seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    """The server's model as plain transformers (same name, same weights)."""
+    from pagedkv_lab.models import load_model
+
+    return load_model(MODEL)[0]
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:
@@ -361,6 +373,134 @@ def test_logprobs(server, llm):
         assert item.bytes == list(item.token.encode())
 
 
+# ---- echo, prompt log-probabilities, the tokenizer ------------------------------
+
+
+def test_echo_scores_the_prompt_as_a_teacher_forced_forward(server, llm, hf_model):
+    """``echo`` with ``max_tokens=0`` (what a scoring client sends): each
+    prompt's text, then per token its text, its log-probability (None for the
+    first) equal to one transformers forward over the prompt, and the most
+    likely tokens; nothing generated."""
+    import torch
+
+    tok = llm.get_tokenizer()
+    prompts = [[1, 72, 101, 108, 108, 111, 44, 32], [1] + list(range(40, 70))]
+    r = server.client().completions.create(
+        model=MODEL, prompt=prompts, echo=True, logprobs=2, max_tokens=0
+    )
+    assert r.usage.completion_tokens == 0
+    assert r.usage.prompt_tokens == sum(map(len, prompts))
+    for ids, choice in zip(prompts, r.choices):
+        with torch.no_grad():
+            theirs = hf_model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        lp = choice.logprobs
+        assert choice.text == tok.decode(ids) and choice.finish_reason == "length"
+        assert lp.tokens == [tok.decode([t]) for t in ids]
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        lengths = [len(t) for t in lp.tokens]
+        assert lp.text_offset == [sum(lengths[:i]) for i in range(len(ids))]
+        for pos in range(1, len(ids)):
+            want = theirs[pos - 1]
+            assert lp.token_logprobs[pos] == pytest.approx(want[ids[pos]].item(), abs=1e-4)
+            top = lp.top_logprobs[pos]
+            assert lp.top_logprobs[pos][lp.tokens[pos]] == lp.token_logprobs[pos]
+            assert max(top.values()) == pytest.approx(want.max().item(), abs=1e-4)
+            assert 2 <= len(top) <= 3  # the token and the 2 most likely
+
+
+def test_echo_before_generated_tokens_plain_and_streamed(server, llm):
+    """``echo`` with generation, as a loglikelihood client sends it: the prompt
+    then the completion, one ``logprobs`` run across both, equal to
+    `LLM.generate`'s; a stream carries the same pieces."""
+    prompt = PROMPTS[3]
+    params = greedy(5, logprobs=1, prompt_logprobs=1)
+    ref = llm.generate(prompt, params, use_tqdm=False)[0]
+    kw = dict(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=5,
+              temperature=0)  # fmt: skip
+    c = server.client().completions.create(**kw).choices[0]
+    assert c.text == prompt + ref.text
+    ids = ref.prompt_token_ids + ref.token_ids
+    entries = ref.prompt_logprobs + ref.outputs[0].logprobs
+    assert len(c.logprobs.tokens) == len(ids)
+    for i in range(1, len(ids)):
+        assert c.logprobs.token_logprobs[i] == pytest.approx(
+            entries[i][ids[i]].logprob, abs=1e-4
+        )
+        assert c.logprobs.tokens[i] == entries[i][ids[i]].decoded_token
+    text, logprobs = "", {k: [] for k in ("tokens", "text_offset", "token_logprobs")}
+    for chunk in server.client().completions.create(stream=True, **kw):
+        text += chunk.choices[0].text
+        for k in logprobs:
+            logprobs[k] += getattr(chunk.choices[0].logprobs, k)
+    assert text == c.text
+    assert logprobs["tokens"] == c.logprobs.tokens
+    assert logprobs["text_offset"] == c.logprobs.text_offset
+    assert logprobs["token_logprobs"][1:] == pytest.approx(c.logprobs.token_logprobs[1:])
+    # vLLM's prompt_logprobs field: per prompt token, {token id: logprob, rank, text}
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0}
+    (choice,) = _post(server, "/v1/completions", json=body).json()["choices"]
+    plp = choice["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(ref.prompt_token_ids)
+    for pos, entry in enumerate(plp[1:], start=1):
+        token = ref.prompt_token_ids[pos]
+        assert list(entry) == [str(token)]
+        mine = ref.prompt_logprobs[pos][token]
+        assert entry[str(token)]["rank"] == mine.rank
+        assert entry[str(token)]["logprob"] == pytest.approx(mine.logprob, abs=1e-4)
+        assert entry[str(token)]["decoded_token"] == mine.decoded_token
+
+
+def test_tokenizer_endpoints_answer_with_the_models_tokenizer(server, llm):
+    """vLLM's ``/tokenize``, ``/detokenize`` and ``/tokenizer_info`` (the
+    server was started with ``--enable-tokenizer-info-endpoint``)."""
+    from pagedkv_lab.tokenizing import chat_prompts
+
+    tok = llm.get_tokenizer()
+    text = "Hello, wörld!"
+    r = _post(server, "/tokenize", json={"prompt": text, "add_special_tokens": False})
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert r.status_code == 200
+    assert r.json() == {"count": len(ids), "max_model_len": llm.max_model_len,
+                        "tokens": ids, "token_strs": None}  # fmt: skip
+    r = _post(server, "/tokenize", json={"model": MODEL, "prompt": text})
+    assert r.json()["tokens"] == [tok.bos_token_id] + ids  # special tokens by default
+    messages = [{"role": "user", "content": "Hi"}]
+    r = _post(server, "/tokenize", json={"messages": messages, "return_token_strs": True})
+    (chat,) = chat_prompts(tok, messages)
+    assert r.json()["tokens"] == chat["prompt_token_ids"]
+    assert r.json()["token_strs"] == tok.convert_ids_to_tokens(chat["prompt_token_ids"])
+    r = _post(server, "/detokenize", json={"tokens": [tok.bos_token_id] + ids})
+    assert r.json() == {"prompt": tok.bos_token + text}
+    info = httpx.get(f"{server.url}/tokenizer_info", timeout=30).json()
+    assert info["tokenizer_class"] == type(tok).__name__
+    assert (info["eos_token"], info["bos_token"], info["pad_token"]) == ("</s>", "<s>", "<pad>")
+    assert info["chat_template"] == tok.chat_template
+    assert info["model_max_length"] == llm.max_model_len  # the tokenizer sets none
+    for path, body, field, status in (
+        ("/detokenize", {"tokens": [1, 5000]}, "tokens", 400),
+        ("/detokenize", {"tokens": [-1]}, "tokens", 400),
+        ("/detokenize", {"tokens": [1] * 2049}, "tokens", 400),
+        ("/tokenize", {"prompt": "x" * 2100}, "prompt", 400),
+        ("/tokenize", {}, "prompt", 400),
+        ("/tokenize", {"prompt": "Hi", "messages": messages}, "prompt", 400),
+        ("/tokenize", {"messages": [{"role": "wizard", "content": "Hi"}]}, "messages", 400),
+        ("/tokenize", {"prompt": "Hi", "continue_final_message": True},
+         "continue_final_message", 400),
+        ("/tokenize", {"model": "gpt-4", "prompt": "Hi"}, "model", 404),
+    ):  # fmt: skip
+        r = _post(server, path, json=body)
+        assert r.status_code == status, (path, body, r.text)
+        assert r.json()["error"]["param"] == field, (path, body, r.text)
+        assert field in r.json()["error"]["message"] or status == 404
+
+
+def test_tokenizer_info_needs_its_flag(small_server):
+    """Without ``--enable-tokenizer-info-endpoint`` there is no such route, as
+    in vLLM; ``/tokenize`` is served all the same."""
+    assert httpx.get(f"{small_server.url}/tokenizer_info", timeout=30).status_code == 404
+    assert _post(small_server, "/tokenize", json={"prompt": "Hi"}).status_code == 200
+
+
 # ---- load, disconnects, bad input -------------------------------------------
 
 
@@ -489,15 +629,25 @@ BAD = [
     ({"prompt": "x" * 2100}, "prompt"),  # over max_model_len (2,048)
     ({"prompt": list(range(1, 2100))}, "prompt"),
     ({"prompt": [1, 5000]}, "prompt"),  # a token id outside the vocabulary
+    ({"prompt": [[1, 72], [1, 5000]], "echo": True}, "prompt"),
+    ({"prompt": [1, -3]}, "prompt"),
     ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ["Hi", ""]}, "prompt"),
+    ({"prompt": [[1, 72], []]}, "prompt"),
     ({"prompt": None}, "prompt"),
     ({"temperature": -1}, "temperature"),
     ({"n": 0}, "n"),
     ({"top_p": 0}, "top_p"),
     ({"logprobs": 50}, "logprobs"),
+    ({"logprobs": 21, "echo": True, "max_tokens": 0}, "logprobs"),  # vLLM's limit: 20
+    ({"prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt_logprobs": -2}, "prompt_logprobs"),
+    # vLLM streams an echo, but not prompt_logprobs
+    ({"echo": True, "stream": True, "prompt_logprobs": 1}, "prompt_logprobs"),
     ({"suffix": "!"}, "suffix"),  # OpenAI fields this server does not implement
     ({"logit_bias": {"5": 1}}, "logit_bias"),
-    ({"echo": True}, "echo"),
+    ({"echo": "loud"}, "echo"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"max_tokens": "many"}, "max_tokens"),
 ]

@@ -104,6 +104,31 @@ def test_add_to_class_in_a_notebook_attaches_the_method():
     assert Pool().size() == 3 and Pool().double == 6
 
 
+def test_an_import_from_the_module_itself_is_dropped():
+    """A later chapter imports names an earlier one defined (a notebook needs
+    them); in the module they are its own, so the import is not written."""
+    first = "class Pool:\n    pass\n"
+    later = "from pagedkv_lab.x import Pool\n\n@add_to_class(Pool)\ndef a(self):\n    return 1\n"
+    text = assemble([_piece(first), _piece(later, "02_y.ipynb")], LIB / "x.py", "x")
+    assert "import Pool" not in text and "def a(self)" in text
+
+
+def test_chapter_class_is_a_copy_that_leaves_the_library_class_alone():
+    from pagedkv_lab.course.notebook import add_to_class, chapter_class
+
+    class Pool:
+        def size(self):
+            return 3
+
+    mine = chapter_class(Pool)
+
+    @add_to_class(mine)
+    def size(self):
+        return 4
+
+    assert mine().size() == 4 and Pool().size() == 3 and mine.__name__ == "Pool"
+
+
 def _cells(nb_path):
     return json.loads(nb_path.read_text())["cells"]
 

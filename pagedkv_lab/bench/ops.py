@@ -2,7 +2,7 @@
 
 """Counting what a step dispatches: every aten operation torch runs
 (`count_ops`), the GEMMs among them, and the operations of one eager decode
-step (`decode_step_ops`): chapter 05's instrument, and the test that a step's
+step (`decode_step_ops`): chapter 05b's instrument, and the test that a step's
 dispatches do not grow with the batch."""
 
 from __future__ import annotations

@@ -460,8 +460,8 @@ def prefix_cache_run(
         "hits": hits,
         "queries": queries,
         "evictions": bm.stats.evictions,
-        "index_entries": len(bm.by_key),
-        "index_tokens": len(bm.by_key) * block_size,
+        "index_entries": len(bm.prefix_cache.by_key),
+        "index_tokens": len(bm.prefix_cache.by_key) * block_size,
         "lookup_us": 1e6 * lookup / len(requests),
     }
 
@@ -916,7 +916,7 @@ def eviction_order_trap() -> dict[str, list[tuple[int, ...]]]:
         bm.free(again)
         fresh = Sequence([4, 4, 5, 5], params)
         bm.allocate(fresh, 0, 4)
-        kept[policy] = sorted(e.tokens for e in bm.by_key.values())
+        kept[policy] = sorted(e.tokens for e in bm.prefix_cache.by_key.values())
     return kept
 
 

@@ -91,6 +91,19 @@ def setup(seed: int = 0) -> torch.device:
     return device
 
 
+def chapter_class(cls: type) -> type:
+    """A copy of the library class ``cls`` for a chapter to add methods to.
+
+    A chapter that changes a method an earlier chapter wrote (chapter 07's
+    `BlockManager.__init__` takes ``eager_fork_copy``) adds its version to this
+    copy with `add_to_class`: the chapter's objects get it, while the library's
+    own code (an `LLM` built in the same notebook) keeps the class as shipped,
+    whose methods are the last chapters' versions."""
+    skip = ("__dict__", "__weakref__")
+    return type(cls.__name__, cls.__bases__,
+                {k: v for k, v in vars(cls).items() if k not in skip})  # fmt: skip
+
+
 def add_to_class(cls: type):
     """Attach the decorated function to ``cls`` as a method (d2l's habit): a
     chapter introduces a long class method by method, with prose between.

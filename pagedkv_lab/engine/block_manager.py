@@ -297,7 +297,9 @@ class BlockManager:
         self.num_copies += len(copies)
         return copies
 
-    def fork(self, parent: Sequence, child: Sequence, num_tokens: int | None = None) -> None:
+    def fork(
+        self, parent: Sequence, child: Sequence, num_tokens: int | None = None
+    ) -> None:
         """Let ``child`` read ``parent``'s blocks (those holding its first
         ``num_tokens`` tokens, by default its computed ones): no K/V is copied,
         only reference counts. With ``eager_fork_copy`` the child copies the
@@ -377,7 +379,9 @@ class CachingBlockAllocator(BlockAllocator):
                  prefix_cache=None):  # fmt: skip
         super().__init__(num_blocks, block_size)
         if policy not in EVICTION_POLICIES:
-            raise ValueError(f"policy must be one of {EVICTION_POLICIES}, got {policy!r}")
+            raise ValueError(
+                f"policy must be one of {EVICTION_POLICIES}, got {policy!r}"
+            )
         self.policy = policy
         self.prefix_cache = prefix_cache
         self.cached: dict = {}  # block -> its `CachedBlock`, in registration order

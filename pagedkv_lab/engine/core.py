@@ -213,13 +213,17 @@ class EngineCore:
         except BaseException:  # interrupted (a request's own failure is caught inside)
             self.scheduler.undo(plan)
             raise
-        self.stats.tokens_computed += sum(n for part, _ in parts for n in part.num_new_tokens)
+        self.stats.tokens_computed += sum(
+            n for part, _ in parts for n in part.num_new_tokens
+        )
         pending = None
         tokens = [sampled.tokens for _, sampled in parts if sampled is not None]
         if self.async_scheduling and tokens:
             seqs = [s for part, _ in parts for s in part.sample_seqs]
-            pending = PendingTokens(tokens[0] if len(tokens) == 1 else torch.cat(tokens),
-                                    {s.seq_id: row for row, s in enumerate(seqs)})  # fmt: skip
+            pending = PendingTokens(
+                tokens[0] if len(tokens) == 1 else torch.cat(tokens),
+                {s.seq_id: row for row, s in enumerate(seqs)},
+            )
         batch = self.runner.sampler.batch
         waits = bool(plan.beam_rows) or bool(batch is not None and batch.penalised)
         return LaunchedStep(plan, parts, pending, waits)

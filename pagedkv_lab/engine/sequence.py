@@ -196,7 +196,9 @@ class SequenceGroup:
         seq = self.running_seqs[0]
         return [(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))]
 
-    def samplers(self, seqs: list[Sequence], block_manager) -> list[tuple[Sequence, int]]:
+    def samplers(
+        self, seqs: list[Sequence], block_manager
+    ) -> list[tuple[Sequence, int]]:
         """Which sequences sample a token after this step, and from which of
         ``seqs``' logits rows: here each from its own (chapter 07's parallel
         sampling forks here, all samples reading the prompt's one row)."""

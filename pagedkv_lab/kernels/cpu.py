@@ -216,7 +216,7 @@ class CountingLib:
 
 
 class CpuLayerOps:
-    """Chapter 05's layer ops in C++ (the layer-ops section of
+    """Chapter 05b's layer ops in C++ (the layer-ops section of
     ``csrc/paged_attention.cpp``): the residual add with RMSNorm, the
     SiLU-gated product, and RoPE with the cache write, each one pass over the
     rows, for float32 on a CPU with SiLU as the MLP's activation

@@ -9,6 +9,7 @@ on): ``pip install 'pagedkv-lab[serve]'``. ``import pagedkv_lab`` never
 imports this package. The modules, one job each:
 
 * `protocol`: the request bodies and OpenAI's response shapes;
+* `tokenization`: vLLM's ``/tokenize``, ``/detokenize``, ``/tokenizer_info``;
 * `engine_loop`: the one loop that owns the `LLM` and steps it;
 * `metrics`: ``/metrics`` in Prometheus's text format, with vLLM's names;
 * `app`: the FastAPI routes (`build_app`);

@@ -10,6 +10,9 @@ names where `LLM` has the setting (``--dtype``, ``--max-model-len``,
 ``--max-waiting`` bounds the requests waiting for the engine: past it the
 server answers 503.
 
+``--enable-tokenizer-info-endpoint`` adds ``GET /tokenizer_info``, as in vLLM
+(``/tokenize`` and ``/detokenize`` are always served).
+
 SIGTERM (or Ctrl-C) stops it gracefully: it stops accepting connections, lets
 the requests in flight finish for up to ``--shutdown-timeout`` seconds, aborts
 the rest, and exits with status 0.
@@ -94,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["critical", "error", "warning", "info", "debug"],
     )  # fmt: skip
     server.add_argument("--disable-access-log", action="store_true")
+    server.add_argument(
+        "--enable-tokenizer-info-endpoint", action="store_true",
+        help="answer GET /tokenizer_info (the tokenizer's settings and chat "
+        "template), as vLLM's flag does; evaluation clients such as "
+        "lm-evaluation-harness read the model's tokenizer there",
+    )  # fmt: skip
     return p
 
 
@@ -141,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         args.model, ", ".join(names), llm.max_model_len, bm.num_blocks,
         bm.block_size, next(llm.model.parameters()).device,
     )  # fmt: skip
-    app = build_app(llm, names, args.max_waiting)
+    app = build_app(llm, names, args.max_waiting, args.enable_tokenizer_info_endpoint)
     config = uvicorn.Config(
         app,
         host=args.host,

@@ -4,8 +4,11 @@
     GET  /version                the package's version
     GET  /v1/models              the served model name(s)
     GET  /metrics                Prometheus text (`metrics`)
-    POST /v1/completions         a prompt (text or token ids, one or several)
+    POST /v1/completions         a prompt (text or token ids, one or several);
+                                 ``echo`` returns it, scored with ``logprobs``
     POST /v1/chat/completions    messages through the tokenizer's chat template
+    POST /tokenize, /detokenize  the model's tokenizer (`tokenization`)
+    GET  /tokenizer_info         its settings, with ``enable_tokenizer_info``
 
 Both POST routes answer with one JSON body, or with ``"stream": true`` as
 server-sent events (``data: {chunk}`` lines, then ``data: [DONE]``). A handler
@@ -38,7 +41,7 @@ from fastapi.responses import (
 
 from pagedkv_lab import __version__
 from pagedkv_lab.llm import LLM, RequestOutput
-from pagedkv_lab.serve.engine_loop import EngineLoop, RequestStream
+from pagedkv_lab.serve.engine_loop import EngineLoop, PromptEcho, RequestStream
 from pagedkv_lab.serve.metrics import ServerMetrics
 from pagedkv_lab.serve.protocol import (
     ChatCompletionRequest,
@@ -55,6 +58,14 @@ from pagedkv_lab.serve.protocol import (
     new_id,
     now,
     usage,
+    vllm_prompt_logprobs,
+)
+from pagedkv_lab.serve.tokenization import (
+    DetokenizeRequest,
+    TokenizeRequest,
+    detokenize,
+    tokenize,
+    tokenizer_info,
 )
 
 
@@ -70,6 +81,7 @@ class _Choice:
     logprobs: list | dict | None = None
     text_offset: int = 0
     started: bool = False
+    echoed: bool = False
     ended: bool = False
 
 
@@ -87,7 +99,8 @@ class _Reply:
     `update` takes one engine output and returns what it added to each choice,
     `chunks` makes the stream chunks of that, `body` the whole reply at the end.
     With vLLM's ``return_token_ids`` the choices carry their token ids, and the
-    prompt's."""
+    prompt's. A completion's ``echo`` puts the prompt (``echoes``) before each
+    choice's first text, and its log-probabilities before the first tokens'."""
 
     def __init__(
         self,
@@ -95,12 +108,17 @@ class _Reply:
         body: CompletionRequest | ChatCompletionRequest,
         logprobs: int | None,
         chat: bool,
+        echoes: dict[int, PromptEcho] | None = None,
     ):
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created, self.model, self.n = now(), model, body.n
         self.logprobs, self.chat = logprobs, chat
         self.token_ids = bool(body.return_token_ids)
+        self.echoes = echoes if not chat and body.echo else None
+        self.scoring_only = not chat and body.scoring_only
+        self.vllm_prompt_logprobs = not chat and body.prompt_logprobs is not None
         self.prompts: dict[int, list[int]] = {}
+        self.prompt_logprobs: dict[int, list] = {}
         self.choices: dict[int, _Choice] = {}
 
     def usage(self) -> dict:
@@ -117,38 +135,58 @@ class _Reply:
                 out.error or "the request failed", None, 500, "InternalServerError"
             )
         self.prompts[index] = out.prompt_token_ids
+        if self.vllm_prompt_logprobs and out.prompt_logprobs is not None:
+            self.prompt_logprobs[index] = out.prompt_logprobs
         changed = []
         for c in out.outputs:
             i = index * self.n + c.index
             choice = self.choices.setdefault(i, _Choice(index))
             if choice.ended:
                 continue
-            delta = _Delta(c.text, list(c.token_ids), None)
+            # scoring only (echo, max_tokens=0): the engine's one token is not shown
+            shown = [] if self.scoring_only else list(c.token_ids)
+            delta = _Delta("" if self.scoring_only else c.text, shown, None)
+            parts = [(shown, c.logprobs or [], "")]
+            if self.echoes is not None and not choice.echoed:
+                echo, choice.echoed = self.echoes[index], True
+                delta.text = echo.text + delta.text
+                prompt_ids, prompt_lps = out.prompt_token_ids, out.prompt_logprobs
+                parts.insert(0, (prompt_ids, prompt_lps or [], echo.first_token))
             if self.logprobs is not None:
-                delta.logprobs = self._logprobs(choice, c)
-            choice.text += c.text
-            choice.token_ids += c.token_ids
+                delta.logprobs = self._logprobs(choice, parts)
+            choice.text += delta.text
+            choice.token_ids += shown
             if c.finish_reason is not None:
                 choice.finish_reason, choice.stop_reason = (
                     c.finish_reason,
                     c.stop_reason,
                 )
                 choice.ended = True
-            if c.token_ids or c.text or choice.ended:
+            if shown or delta.text or choice.ended:
                 changed.append((i, delta))
         return changed
 
-    def _logprobs(self, choice: _Choice, c):
+    def _logprobs(self, choice: _Choice, parts: list[tuple]):
+        """The log-probabilities of ``parts`` (token ids, their entries, the
+        text of a token without any), added to ``choice``; returns them."""
         if self.chat:
-            piece = chat_logprobs(c.token_ids, c.logprobs or [], self.logprobs)
+            ((ids, entries, _),) = parts
+            piece = chat_logprobs(ids, entries, self.logprobs)
             choice.logprobs = (choice.logprobs or []) + piece
             return piece
-        piece = completion_logprobs(c.token_ids, c.logprobs or [], choice.text_offset)
-        choice.text_offset += sum(len(t) for t in piece["tokens"])
         if choice.logprobs is None:
-            choice.logprobs = {k: [] for k in piece}
-        for k, v in piece.items():
-            choice.logprobs[k] += v
+            choice.logprobs = {
+                "text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []
+            }  # fmt: skip
+        piece = {k: [] for k in choice.logprobs}
+        for ids, entries, unscored in parts:
+            part = completion_logprobs(
+                ids, entries, choice.text_offset, self.logprobs, unscored
+            )
+            choice.text_offset += sum(len(t) for t in part["tokens"])
+            for k, v in part.items():
+                piece[k] += v
+                choice.logprobs[k] += v
         return piece
 
     def _ids(self, item: dict, choice: _Choice, token_ids: list[int], first: bool):
@@ -183,13 +221,18 @@ class _Reply:
     def body(self) -> dict:
         """The whole reply, choices in index order."""
         make = chat_choice if self.chat else completion_choice
+        choices = sorted(self.choices.items())
         items = [
             self._ids(
                 make(i, c.text, c.finish_reason, c.stop_reason, c.logprobs),
                 c, c.token_ids, True,
             )
-            for i, c in sorted(self.choices.items())
+            for i, c in choices
         ]  # fmt: skip
+        if self.vllm_prompt_logprobs:  # vLLM's field, per choice
+            for item, (_, c) in zip(items, choices):
+                entries = self.prompt_logprobs.get(c.prompt, [])
+                item["prompt_logprobs"] = vllm_prompt_logprobs(entries)
         if self.chat:
             out = chat_body(self.id, self.created, self.model, items, self.usage())
             if self.token_ids:
@@ -283,9 +326,12 @@ def build_app(
     llm: LLM,
     served_model_name: str | list[str],
     max_waiting: int | None = None,
+    enable_tokenizer_info: bool = False,
 ) -> FastAPI:
     """The FastAPI application serving ``llm`` under ``served_model_name``
-    (the first name is the one replies carry)."""
+    (the first name is the one replies carry); ``GET /tokenizer_info`` only
+    with ``enable_tokenizer_info`` (vLLM's ``--enable-tokenizer-info-endpoint``:
+    it shows the chat template and the tokenizer's settings)."""
     names = (
         [served_model_name]
         if isinstance(served_model_name, str)
@@ -351,8 +397,9 @@ def build_app(
         model = model_name(body.model)
         params = body.to_sampling_params()
         arrival = time.perf_counter()
-        stream = await engine.submit(prompts, params, arrival)
-        reply = _Reply(model, body, params.logprobs, chat)
+        echo = not chat and body.echo
+        stream = await engine.submit(prompts, params, arrival, echo)
+        reply = _Reply(model, body, params.logprobs, chat, stream.echoes)
         if body.stream:
             events = _events(reply, stream, engine, body.stream_options)
             return StreamingResponse(events, media_type="text/event-stream")
@@ -370,5 +417,28 @@ def build_app(
             "add_generation_prompt": body.add_generation_prompt,
         }
         return await serve(request, body, [prompt], chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize_(body: TokenizeRequest):
+        model_name(body.model)
+        return await engine.run_in_worker(
+            tokenize, llm.tokenizer, body, llm.max_model_len
+        )
+
+    @app.post("/detokenize")
+    async def detokenize_(body: DetokenizeRequest):
+        model_name(body.model)
+        vocab_size = llm.model.config.vocab_size
+        return await engine.run_in_worker(
+            detokenize, llm.tokenizer, body, vocab_size, llm.max_model_len
+        )
+
+    if enable_tokenizer_info:
+
+        @app.get("/tokenizer_info")
+        async def tokenizer_info_():
+            return await engine.run_in_worker(
+                tokenizer_info, llm.tokenizer, llm.max_model_len
+            )
 
     return app

@@ -10,7 +10,9 @@ each output to its request's stream. So:
 
 * only the worker thread touches the `LLM` (its tokenizer included), one call
   at a time, and no lock is held while a step runs: the event loop keeps
-  accepting, answering ``/metrics`` and streaming while the worker steps;
+  accepting, answering ``/metrics`` and streaming while the worker steps
+  (``/tokenize`` and ``/detokenize`` run there too, between two steps:
+  `run_in_worker`; so does the decoding of an echoed prompt);
 * requests join the engine in arrival order at the next step boundary, and
   the engine's own FCFS scheduler serves them, so none is starved;
 * a request whose client is gone is aborted at the next step boundary, and
@@ -51,17 +53,30 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     return {"prompt": prompt["prompt"], "prompt_token_ids": list(prompt["prompt_token_ids"])}
 
 
+@dataclass
+class PromptEcho:
+    """What a completion's ``echo`` returns of a prompt besides its
+    log-probabilities: its text (a token-id prompt decoded) and the text of
+    its first token, which has no log-probability to carry one. Both are
+    decoded in the worker thread, when the prompt joins the engine."""
+
+    text: str
+    first_token: str
+
+
 class RequestStream:
     """The outputs of one HTTP request: one engine request per prompt (a
     completion may carry several prompts), each output tagged with its
     prompt's index. Iterate it to get ``(prompt index, RequestOutput)`` until
     every engine request has finished; if the engine fails, iterating raises
-    its `RequestError`."""
+    its `RequestError`. With ``echo``, ``echoes`` holds each prompt's
+    `PromptEcho`."""
 
     def __init__(self, request_ids: list[str], arrival: float):
         self.request_ids = request_ids
         self.arrival = arrival
         self.unfinished = set(request_ids)
+        self.echoes: dict[int, PromptEcho] = {}
         self._queue: asyncio.Queue = asyncio.Queue()
 
     @property
@@ -98,6 +113,7 @@ class _Submission:
     prompts: list[dict]
     params: SamplingParams
     added: asyncio.Future
+    echo: bool = False
     error: Exception | None = None
 
 
@@ -155,13 +171,17 @@ class EngineLoop:
         return queued + self._in_transit + self.snapshot.num_waiting
 
     async def submit(
-        self, prompts: list[dict], params: SamplingParams, arrival: float
+        self,
+        prompts: list[dict],
+        params: SamplingParams,
+        arrival: float,
+        echo: bool = False,
     ) -> RequestStream:
         """Queue one request per prompt; return their stream once the engine has
         taken them, or raise `RequestError` (400 if the engine refused them, 503
-        if the waiting queue is full or the server is stopping)."""
-        if self._closing:
-            raise RequestError("the server is shutting down", None, 503)
+        if the waiting queue is full or the server is stopping). With ``echo``
+        the stream carries each prompt's `PromptEcho`."""
+        self._check_open()
         if self.error is not None:
             raise RequestError(f"the engine failed: {self.error}", None, 500)
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
@@ -176,7 +196,7 @@ class EngineLoop:
         for i, rid in enumerate(stream.request_ids):
             self._routes[rid] = _Route(stream, i)
         sub = _Submission(
-            stream, prompts, params, asyncio.get_running_loop().create_future()
+            stream, prompts, params, asyncio.get_running_loop().create_future(), echo
         )
         self._pending.append(sub)
         self._wake.set()
@@ -186,6 +206,17 @@ class EngineLoop:
             self.abort(stream)
             raise
         return stream
+
+    async def run_in_worker(self, fn, *args):
+        """``fn(*args)`` in the worker thread, between two steps: the one place
+        the engine's tokenizer is used (``/tokenize``, ``/detokenize``)."""
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise RequestError("the server is shutting down", None, 503)
 
     def abort(self, stream: RequestStream) -> None:
         """Abort what is unfinished of ``stream`` at the next step boundary."""
@@ -308,11 +339,13 @@ class EngineLoop:
         fault (a 400), never the loop's."""
         added = []
         try:
-            for rid, prompt in zip(sub.stream.request_ids, sub.prompts):
+            for i, (rid, prompt) in enumerate(zip(sub.stream.request_ids, sub.prompts)):
                 prompt = self._tokenize(prompt)
                 self._check_length(prompt["prompt_token_ids"], sub.params)
                 self.llm.add_request(rid, prompt, sub.params)
                 added.append(rid)
+                if sub.echo:  # the ids are checked: decode what echo returns
+                    sub.stream.echoes[i] = self._echo(prompt)
         except Exception as err:
             for rid in added:
                 self.llm.abort(rid)
@@ -334,6 +367,16 @@ class EngineLoop:
         if not text:
             raise RequestError("prompt must not be empty", "prompt")
         return {"prompt": text, "prompt_token_ids": list(tokenizer(text).input_ids)}
+
+    def _echo(self, prompt: dict) -> PromptEcho:
+        """A prompt's text and its first token's, as echo returns them."""
+        tokenizer, ids = self.llm.tokenizer, prompt["prompt_token_ids"]
+        if tokenizer is None:
+            raise RequestError("echo needs a tokenizer; this model has none", "echo")
+        text = prompt.get("prompt")
+        if text is None:
+            text = tokenizer.decode(ids)
+        return PromptEcho(text, tokenizer.decode(ids[:1]))
 
     def _check_length(self, ids: list[int], params: SamplingParams) -> None:
         """vLLM's rule: the prompt and ``max_tokens`` must fit ``max_model_len``."""

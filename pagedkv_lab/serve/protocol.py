@@ -95,14 +95,21 @@ class _SamplingRequest(_Body):
     # vLLM's: the choices carry their token ids (and the prompt's).
     return_token_ids: bool | None = None
 
-    def _params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _params(
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
         """The engine's parameters (streamed as deltas), or a RequestError."""
         if self.stream_options is not None and not self.stream:
             raise RequestError("stream_options needs stream=true", "stream_options")
-        if logprobs is not None and logprobs > MAX_LOGPROBS:
-            raise RequestError(
-                f"logprobs must be at most {MAX_LOGPROBS}, got {logprobs}", "logprobs"
-            )
+        asked = {"logprobs": logprobs, "prompt_logprobs": prompt_logprobs}
+        for name, value in asked.items():
+            if value is not None and value > MAX_LOGPROBS:
+                raise RequestError(
+                    f"{name} must be at most {MAX_LOGPROBS}, got {value}", name
+                )
         given = {
             "n": self.n,
             "temperature": self.temperature,
@@ -121,6 +128,7 @@ class _SamplingRequest(_Body):
             "skip_special_tokens": self.skip_special_tokens,
             "max_tokens": max_tokens,
             "logprobs": logprobs,
+            "prompt_logprobs": prompt_logprobs,
         }
         fields = {k: v for k, v in given.items() if v is not None}
         fields["max_tokens"] = max_tokens  # None: up to the model's length
@@ -138,28 +146,54 @@ def _field_named(message: str, fields) -> str | None:
 
 class CompletionRequest(_SamplingRequest):
     """``POST /v1/completions``: a text, a list of texts, token ids or a list of
-    token-id lists; ``max_tokens`` defaults to 16 as in OpenAI's API."""
+    token-id lists; ``max_tokens`` defaults to 16 as in OpenAI's API.
+
+    ``echo`` returns each prompt before its completion; with ``logprobs=N`` the
+    prompt's tokens get log-probabilities too (the engine's
+    ``prompt_logprobs``, null for the first token), and ``max_tokens=0`` scores
+    the prompt without generating (the engine samples one token, which the
+    reply leaves out). ``prompt_logprobs`` (vLLM's field) returns them in
+    vLLM's own shape, per choice; as in vLLM, not with ``stream``."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
+    echo: bool = False
+    # vLLM's extra field.
+    prompt_logprobs: int | None = None
+
+    @property
+    def scoring_only(self) -> bool:
+        """``echo`` with ``max_tokens=0``: the prompt scored, nothing generated."""
+        return self.echo and self.max_tokens == 0
 
     def prompts(self) -> list[dict]:
         """The prompts as the engine takes them (``{"prompt": ...}`` or
-        ``{"prompt_token_ids": ...}``)."""
+        ``{"prompt_token_ids": ...}``); an empty one is a RequestError."""
         p = self.prompt
-        if isinstance(p, str):
-            return [{"prompt": p}]
-        if not p:
+        many = isinstance(p, list) and bool(p) and not isinstance(p[0], int)
+        prompts = list(p) if many else [p]
+        if not all(prompts):
             raise RequestError("prompt must not be empty", "prompt")
-        if all(isinstance(x, int) for x in p):
-            return [{"prompt_token_ids": list(p)}]
-        if all(isinstance(x, str) for x in p):
-            return [{"prompt": x} for x in p]
-        return [{"prompt_token_ids": list(x)} for x in p]
+        return [
+            {"prompt": x} if isinstance(x, str) else {"prompt_token_ids": list(x)}
+            for x in prompts
+        ]
 
     def to_sampling_params(self) -> SamplingParams:
-        return self._params(self.max_tokens, self.logprobs)
+        """The engine's parameters; ``echo`` with ``logprobs`` asks for the
+        prompt's log-probabilities, as vLLM does."""
+        plp = self.prompt_logprobs
+        if plp is not None and plp > 0 and self.stream:
+            raise RequestError(
+                "prompt_logprobs are not available with stream=true (as in vLLM); "
+                "ask for echo with logprobs instead",
+                "prompt_logprobs",
+            )
+        if plp is None and self.echo:
+            plp = self.logprobs
+        max_tokens = 1 if self.scoring_only else self.max_tokens
+        return self._params(max_tokens, self.logprobs, plp)
 
 
 class TextPart(_Body):
@@ -236,12 +270,17 @@ def _token_text(entry: Logprob) -> str:
 
 
 def completion_logprobs(
-    token_ids: list[int], logprobs: list[dict[int, Logprob]], text_offset: int
+    token_ids: list[int],
+    logprobs: list[dict[int, Logprob] | None],
+    text_offset: int,
+    top: int | None = None,
+    unscored_text: str = "",
 ) -> dict:
     """The legacy completions ``logprobs`` object for these tokens: each token's
-    text, its log-probability, the top alternatives (the sampled token and the
-    N most likely, by text) and where its text starts, counted from
-    ``text_offset``."""
+    text, its log-probability, the top alternatives (the token itself and the
+    ``top`` most likely, by text; all it has when ``top`` is None) and where its
+    text starts, counted from ``text_offset``. A token without log-probabilities
+    (the prompt's first, entry None) gets nulls and the text ``unscored_text``."""
     out: dict[str, list[Any]] = {
         "text_offset": [],
         "token_logprobs": [],
@@ -249,18 +288,35 @@ def completion_logprobs(
         "top_logprobs": [],
     }
     for token, entries in zip(token_ids, logprobs):
-        mine = entries[token]
-        text = _token_text(mine)
+        if entries is None:
+            text, logprob, alternatives = unscored_text, None, None
+        else:
+            mine = entries[token]
+            text, logprob = _token_text(mine), _lp(mine.logprob)
+            ranked = sorted(entries.values(), key=lambda e: e.rank)
+            kept = [mine] + [e for e in ranked if top is None or e.rank <= top]
+            alternatives = {}
+            for e in sorted(kept, key=lambda e: e.rank):
+                # tokens with the same text share a key: keep the likeliest
+                alternatives.setdefault(_token_text(e), _lp(e.logprob))
         out["text_offset"].append(text_offset)
         out["tokens"].append(text)
-        out["token_logprobs"].append(_lp(mine.logprob))
-        top: dict[str, float] = {}
-        for e in sorted(entries.values(), key=lambda e: e.rank):
-            # tokens with the same text share a key: keep the likeliest
-            top.setdefault(_token_text(e), _lp(e.logprob))
-        out["top_logprobs"].append(top)
+        out["token_logprobs"].append(logprob)
+        out["top_logprobs"].append(alternatives)
         text_offset += len(text)
     return out
+
+
+def vllm_prompt_logprobs(entries: list[dict[int, Logprob] | None]) -> list:
+    """vLLM's ``prompt_logprobs`` of a completion choice: per prompt token, None
+    (the first) or ``{token id: {logprob, rank, decoded_token}}``."""
+
+    def entry(e: Logprob) -> dict:
+        return {"logprob": _lp(e.logprob), "rank": e.rank,
+                "decoded_token": e.decoded_token}  # fmt: skip
+
+    return [None if d is None else {str(t): entry(e) for t, e in d.items()}
+            for d in entries]  # fmt: skip
 
 
 def _chat_token(entry: Logprob) -> dict:
