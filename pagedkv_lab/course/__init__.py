@@ -1,0 +1,1 @@
+"""Course scaffolding: what the chapters draw and show, not what the library runs."""
