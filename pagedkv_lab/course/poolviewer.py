@@ -182,39 +182,50 @@ def _widget_class():
     import traitlets
 
     class PoolViewerWidget(anywidget.AnyWidget):
-        """The live viewer. ``trace`` holds the runs computed so far; the page
+        """The live viewer. ``trace`` (JSON) holds the runs computed so far; the page
         sets ``wanted`` to ``"view index|run key"`` when the reader picks a
         setting it has no run for, and the kernel adds that run."""
 
         _esm = module_source() + "\nexport default globalThis.PagedKVViewer;\n"
-        trace = traitlets.Dict().tag(sync=True)
+        # JSON text, not a dict: a notebook's saved widget state keeps it on one line
+        trace = traitlets.Unicode("{}").tag(sync=True)
         wanted = traitlets.Unicode("").tag(sync=True)
         error = traitlets.Unicode("").tag(sync=True)
 
         def __init__(self, viewer: Viewer, site: dict | None = None):
-            super().__init__(trace=viewer.trace(live=True))
+            super().__init__(trace=trace_json(viewer.trace(live=True)))
             self._viewer, self._site = viewer, site
+
+        @property
+        def runs(self) -> list[dict]:
+            """Each view's runs computed so far (key -> run)."""
+            return [v["runs"] for v in json.loads(self.trace)["views"]]
 
         @traitlets.observe("wanted")
         def _run_wanted(self, change) -> None:
             if not change["new"]:
                 return
-            index, key = change["new"].split("|", 1)
+            try:
+                index, key, run = self._simulate(change["new"])
+            except Exception as exc:  # shown in the page, not lost in a log
+                self.error = f"cannot simulate {change['new']!r}: {exc!r}"
+            else:
+                trace = json.loads(self.trace)
+                trace["views"][index]["runs"][key] = run
+                self.trace = trace_json(trace)
+                self.error = ""
+            self.wanted = ""  # the same setting may be asked for again
+
+        def _simulate(self, wanted: str):
+            """The run ``wanted`` (``"view index|run key"``) names, simulated."""
+            index, key = wanted.split("|", 1)
             view = self._viewer.views[int(index)]
-            wanted = dict(zip(view.params, key.split("|")))
+            asked = dict(zip(view.params, key.split("|")))
             values = [
-                next(o for o in self._viewer.control(p).options if str(o) == wanted[p])
+                next(o for o in self._viewer.control(p).options if str(o) == asked[p])
                 for p in view.params
             ]
-            try:
-                run = self._viewer.compute(view, values)
-            except Exception as exc:  # shown in the page, not lost in a log
-                self.error = f"{type(exc).__name__}: {exc}"
-                return
-            views = [dict(v) for v in self.trace["views"]]
-            views[int(index)]["runs"] = {**views[int(index)]["runs"], key: run}
-            self.trace = {**self.trace, "views": views}
-            self.error = ""
+            return int(index), key, self._viewer.compute(view, values)
 
         def _repr_mimebundle_(self, **kwargs):
             data = super()._repr_mimebundle_(**kwargs)

@@ -477,8 +477,15 @@
       this.update();
     }
 
+    /** The trace: an object on the site, JSON text from a kernel (parsed once). */
     trace() {
-      return this.model.get("trace");
+      const t = this.model.get("trace");
+      if (typeof t !== "string") return t;
+      if (t !== this.traceText) {
+        this.traceText = t;
+        this.parsed = JSON.parse(t);
+      }
+      return this.parsed;
     }
 
     build() {
