@@ -14,7 +14,8 @@
 * Sphinx 7 writes an inline script that an extension adds after the builder
   starts twice (once registered as ``None``, once as ``""``): sphinx-thebe's
   configuration twice declares ``const THEBE_JS_URL``, an error in every page's
-  console. Each page keeps one copy of each inline script.
+  console. Each page keeps one copy of each inline script. And the theme gets
+  a default colour mode, without which a first visit logs an error too.
 """
 
 from __future__ import annotations
@@ -51,9 +52,12 @@ def _on_source_read(app, docname: str, source: list[str]) -> None:
         source[0] = site_notebook(source[0])
 
 
-def _add_viewer_static(app, config) -> None:
+def _configure(app, config) -> None:
     static = resources.files("pagedkv_lab.course").joinpath("static")
     config.html_static_path = [*config.html_static_path, str(static)]
+    # Without a default, the theme's first visit logs "Got invalid theme mode"
+    # as an error; "auto" is what it then falls back to.
+    config.html_context = {"default_mode": "auto", **config.html_context}
 
 
 def unique_scripts(scripts: list) -> list:
@@ -77,6 +81,6 @@ def _on_page(app, pagename, templatename, context, doctree) -> None:
 
 def setup(app):
     app.connect("source-read", _on_source_read)
-    app.connect("config-inited", _add_viewer_static)
+    app.connect("config-inited", _configure)
     app.connect("html-page-context", _on_page)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -97,7 +97,9 @@ def test_runs_hold_only_integers_and_strings():
     assert live["controls"][1]["options"] == [8, 16, 32]
 
 
-@pytest.mark.skipif(NODE is None, reason="node is not installed: the replay check needs it")
+@pytest.mark.skipif(
+    NODE is None, reason="node is not installed: the replay check needs it"
+)
 def test_the_javascript_replay_gives_the_simulators_numbers_at_every_step():
     trace = small_viewer().trace()
     replayed = replay_in_node(trace)
@@ -143,7 +145,9 @@ def test_cells_runs_repeat_frames_and_code_columns():
     }
 
 
-@pytest.mark.skipif(NODE is None, reason="node is not installed: the replay check needs it")
+@pytest.mark.skipif(
+    NODE is None, reason="node is not installed: the replay check needs it"
+)
 def test_the_javascript_decodes_cells_runs_and_headlines():
     frames = [["uuf"], ["uuf"], ["ucc"]]
     run = traces._cells_run(frames, {"hit": [0, 16, 32], "prompt": [40, 40, 40]})
@@ -220,9 +224,13 @@ def test_legends_are_the_static_figures():
         assert entry.get("hatch") == HATCHES.get(state)
     blocks = viewers.paging_viewer().views[1].legend
     reserved = next(e for e in blocks if e["state"] == "reserved")
-    assert reserved["hatch"] == "////" and reserved["edge"] == COLORS["reserved"].lower()
+    assert (
+        reserved["hatch"] == "////" and reserved["edge"] == COLORS["reserved"].lower()
+    )
     beams = {e["label"]: e for e in viewers.beam_viewer().views[0].legend}
-    assert beams["written in place"]["dash"] and not beams["copied into this step"]["dash"]
+    assert (
+        beams["written in place"]["dash"] and not beams["copied into this step"]["dash"]
+    )
 
 
 def test_the_module_ships_and_ends_with_the_global_that_anywidget_exports():

@@ -62,15 +62,23 @@ def test_the_pages_workflow_builds_with_make_book_and_deploys_the_site():
     book = load("book.yml")
     on = book[True]  # YAML 1.1 reads the key `on` as True
     assert on["push"]["branches"] == ["main"]
-    assert book["permissions"] == {"contents": "read", "pages": "write", "id-token": "write"}
+    assert book["permissions"] == {
+        "contents": "read",
+        "pages": "write",
+        "id-token": "write",
+    }
     uses = [s.get("uses", "").split("@")[0] for s in steps(book)]
     assert "actions/upload-pages-artifact" in uses and "actions/deploy-pages" in uses
     runs = [s["run"] for s in steps(book) if "run" in s]
     assert runs == ["make book"]
-    upload = next(s for s in steps(book) if "upload-pages-artifact" in s.get("uses", ""))
+    upload = next(
+        s for s in steps(book) if "upload-pages-artifact" in s.get("uses", "")
+    )
     assert upload["with"]["path"] == "_build/html"
     deploy = book["jobs"]["deploy"]
-    assert deploy["needs"] == "build" and deploy["environment"]["name"] == "github-pages"
+    assert (
+        deploy["needs"] == "build" and deploy["environment"]["name"] == "github-pages"
+    )
 
 
 def test_the_ci_workflow_runs_ci_run_on_pushes_and_pull_requests():

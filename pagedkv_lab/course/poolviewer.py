@@ -170,10 +170,10 @@ def summary(trace: dict) -> str:
     """One line that says what a viewer holds (its output's plain text)."""
     runs = [r for v in trace["views"] for r in v["runs"].values()]
     steps = [r["steps"] for r in runs]
-    return (
-        f"{trace['name']}: {len(runs)} runs of {min(steps):,} to {max(steps):,} "
-        f"{trace['time']}s, replayed in the page"
+    span = f"{min(steps):,}" + (
+        f" to {max(steps):,}" if max(steps) > min(steps) else ""
     )
+    return f"{trace['name']}: {len(runs)} runs of {span} {trace['time']}s, replayed in the page"
 
 
 @lru_cache(maxsize=1)

@@ -275,7 +275,7 @@
   function drawBlocks(canvas, width, view, run, state) {
     const n = run.blocks;
     const columns = n <= 256 ? 16 : n <= 512 ? 32 : 64;
-    const size = Math.max(3, Math.floor(width / columns) - 1);
+    const size = Math.max(3, Math.min(30, Math.floor(width / columns) - 1));
     const rows = Math.ceil(n / columns);
     const height = rows * (size + 1) + 2;
     const ctx = sizeCanvas(canvas, width, height);
@@ -560,14 +560,14 @@
     update() {
       const t = this.trace();
       const missing = t.views.map((v, i) => [i, v]).filter(([i]) => !this.runs()[i]);
-      if (missing.length) {
+      if (missing.length) { // keep the step and the drawing until the run arrives
         const [i, v] = missing[0];
         this.status.textContent = "computing this setting in the kernel…";
         this.model.set("wanted", `${i}|${runKey(v.params.map((p) => this.values[p]))}`);
         this.model.save_changes();
-      } else {
-        this.status.textContent = this.model.get("error") || "";
+        return;
       }
+      this.status.textContent = this.model.get("error") || "";
       this.scrub.max = String(this.steps() - 1);
       this.go(Math.min(this.step, this.steps() - 1));
     }
