@@ -360,6 +360,7 @@ def test_each_control_redraws_the_pool_and_agrees_with_the_simulator(
     directory = os.environ.get("PAGEDKV_SCREENSHOTS")
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
+        page.set_viewport_size({"width": 1280, "height": 2400})  # the whole viewer
         viewer.screenshot(path=str(Path(directory) / f"{chapter}.png"))
     assert page.errors == [], page.errors
     assert page.blocked == [], f"the page asked the network for {page.blocked}"
