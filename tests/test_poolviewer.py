@@ -238,3 +238,57 @@ def test_the_module_ships_and_ends_with_the_global_that_anywidget_exports():
     assert source == MODULE.read_text()
     assert "globalThis.PagedKVViewer = api" in source
     assert "://" not in source  # nothing to fetch
+
+
+def test_the_book_shows_a_viewers_page_part_and_no_saved_widget_state():
+    from pagedkv_lab._sphinx import WIDGET_VIEW, site_notebook
+    from pagedkv_lab.notebook import LIVE_ONLY
+
+    viewer_output = {
+        "output_type": "display_data",
+        "metadata": {poolviewer.VIEWER_OUTPUT: "v"},
+        "data": {
+            WIDGET_VIEW: {"model_id": "x"},
+            "text/html": "<div>",
+            "text/plain": "v",
+        },
+    }
+    live_only = {
+        "output_type": "display_data",
+        "metadata": {LIVE_ONLY: True},
+        "data": {},
+    }
+    old_widget = {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {WIDGET_VIEW: {}},
+    }
+    notebook = {
+        "metadata": {"widgets": {"state": {}}},
+        "cells": [
+            {"cell_type": "code", "outputs": [viewer_output, live_only, old_widget]}
+        ],
+    }
+    shown = json.loads(site_notebook(json.dumps(notebook)))
+    assert (
+        "widgets" not in shown["metadata"]
+    )  # myst-nb would load its manager from a CDN
+    first, second = shown["cells"][0]["outputs"]
+    assert set(first["data"]) == {"text/html", "text/plain"}
+    assert second == old_widget
+
+
+def test_an_inline_script_registered_twice_is_written_once():
+    assets = pytest.importorskip("sphinx.builders.html._assets")
+    _JavaScript = assets._JavaScript
+
+    from pagedkv_lab._sphinx import unique_scripts
+
+    body = "const THEBE_JS_URL = 1"
+    scripts = [
+        _JavaScript("a.js"),
+        _JavaScript(None, body=body),
+        _JavaScript("", body=body),
+    ]
+    kept = unique_scripts(scripts)
+    assert len(kept) == 2 and kept[0].filename == "a.js"
