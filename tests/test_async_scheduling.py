@@ -23,9 +23,7 @@ PROMPTS = [[1, 5, 6, 7], [1, 9, 9], [1] + list(range(40, 57)), [1, 200, 201, 202
            [1] + list(range(60, 75)), [1, 3]]  # fmt: skip
 
 
-def _llm(
-    async_scheduling: bool, num_blocks: int = 256, block_size: int = 4, **kw
-) -> LLM:
+def _llm(async_scheduling: bool, num_blocks: int = 256, block_size: int = 4, **kw) -> LLM:
     return LLM((MODEL, TOKENIZER), block_size=block_size, seed=0,
                kv_cache_memory=num_blocks * block_size * BYTES_PER_TOKEN,
                async_scheduling=async_scheduling, **kw)  # fmt: skip
@@ -222,16 +220,12 @@ def test_a_request_aborted_while_its_next_step_is_in_flight():
     llm = _llm(True)
     ids = _decoding(llm, PROMPTS[:3], _greedy(12))
     llm.step()
-    victim = next(
-        g for g in llm.scheduler.running if g.request_id == llm._internal_id("r1")
-    )
+    victim = next(g for g in llm.scheduler.running if g.request_id == llm._internal_id("r1"))
     assert victim.seqs[0] in llm._inflight.plan.seqs, "its next step is in flight"
     assert victim.seqs[0].num_pending == 1
     out = llm.abort("r1")
-    assert (
-        out.finish_reason == "abort"
-        and out.outputs[0].token_ids
-        == (greedy_alone(MODEL, PROMPTS[1], 12)[: len(out.outputs[0].token_ids)])
+    assert out.finish_reason == "abort" and out.outputs[0].token_ids == (
+        greedy_alone(MODEL, PROMPTS[1], 12)[: len(out.outputs[0].token_ids)]
     )
     outs = _drain(llm)
     assert "r1" not in outs
@@ -269,9 +263,7 @@ def test_a_forward_fault_while_a_step_is_in_flight_fails_only_its_request():
     llm = _llm(True)
     ids = _decoding(llm, PROMPTS[:3], _greedy(10))
     llm.step()
-    bad = next(
-        g for g in llm.scheduler.running if g.request_id == llm._internal_id(ids[1])
-    )
+    bad = next(g for g in llm.scheduler.running if g.request_id == llm._internal_id(ids[1]))
     assert bad.seqs[0] in llm._inflight.plan.seqs
     real = llm.runner.run
 
@@ -370,9 +362,7 @@ def test_the_servers_engine_loop_streams_what_generate_returns():
     params = _greedy(10, output_kind=RequestOutputKind.DELTA)
 
     async def collect(loop, prompt):
-        stream = await loop.submit(
-            [{"prompt_token_ids": prompt}], params, time.perf_counter()
-        )
+        stream = await loop.submit([{"prompt_token_ids": prompt}], params, time.perf_counter())
         return [t async for _, out in stream for t in out.outputs[0].token_ids]
 
     async def abandon(loop):
@@ -386,9 +376,7 @@ def test_the_servers_engine_loop_streams_what_generate_returns():
         loop = EngineLoop(llm, ServerMetrics("tiny-llama", llm.max_model_len))
         await loop.start()
         try:
-            got = await asyncio.gather(
-                abandon(loop), *(collect(loop, p) for p in PROMPTS)
-            )
+            got = await asyncio.gather(abandon(loop), *(collect(loop, p) for p in PROMPTS))
             while llm.has_unfinished_requests():
                 await asyncio.sleep(0.01)
             return got[1:]

@@ -401,16 +401,9 @@ def test_tiled_kernel_checks_its_arguments():
     with pytest.raises(ValueError, match="share one of"):
         paged_attention_tiled(q.half(), k, v, tables, lens)
     with pytest.raises(ValueError, match="query_start_loc"):
-        paged_attention_tiled(
-            q, k, v, tables, lens, torch.tensor([0, 1], device=DEVICE)
-        )
+        paged_attention_tiled(q, k, v, tables, lens, torch.tensor([0, 1], device=DEVICE))
     empty = paged_attention_tiled(
-        q[:0],
-        k,
-        v,
-        tables[:0],
-        lens[:0],
-        torch.zeros(1, dtype=torch.long, device=DEVICE),
+        q[:0], k, v, tables[:0], lens[:0], torch.zeros(1, dtype=torch.long, device=DEVICE)
     )
     assert empty.shape == (0, 4, 64)
 
@@ -429,9 +422,7 @@ def test_the_tiled_grid_covers_every_query_once():
                 seq = max(i for i, b in enumerate(first) if b <= pid)
                 lo = (pid - first[seq]) * block_q
                 seen += [(seq, j) for j in range(lo, min(lo + block_q, q_lens[seq]))]
-            assert sorted(seen) == [
-                (i, j) for i, m in enumerate(q_lens) for j in range(m)
-            ]
+            assert sorted(seen) == [(i, j) for i, m in enumerate(q_lens) for j in range(m)]
 
 
 def test_prefill_rows_are_decode_problems_with_causal_lengths():
@@ -535,12 +526,8 @@ RUNG_PREFILL_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "rung, shape, dtype", rung_cases(PREFILL_LADDER, RUNG_PREFILL_SHAPES)
-)
-def test_every_prefill_rung_matches_float64(
-    poisoned, split_everywhere, rung, shape, dtype
-):
+@pytest.mark.parametrize("rung, shape, dtype", rung_cases(PREFILL_LADDER, RUNG_PREFILL_SHAPES))
+def test_every_prefill_rung_matches_float64(poisoned, split_everywhere, rung, shape, dtype):
     """Prefix-cache hits and chunks (new tokens after cached ones), a sequence
     with no new tokens, tiles that span blocks and tiles inside one block."""
     q, k, v, tables, ctx, starts = prefill_problem(4, *shape, dtype)
@@ -557,9 +544,7 @@ def test_masks_and_lookups_change_no_result(poisoned, segments):
     )
     args = on_device(q, k, v, tables, ctx, starts)
     outs = [
-        paged_attention_tiled(
-            *args, num_segments=segments, mask_every_tile=m, block_runs=r
-        )
+        paged_attention_tiled(*args, num_segments=segments, mask_every_tile=m, block_runs=r)
         for m in (True, False)
         for r in (False, True)
     ]
@@ -606,10 +591,8 @@ def test_tile_plan_reads_whole_masks_the_diagonal_and_skips_the_rest(
     for t in skipped:  # past the block's last row
         assert t * tile_n > last_pos
     for t in masked:
-        assert (
-            t * tile_n <= last_pos
-            and (t + 1) * tile_n - 1 > first_pos
-            or ((t + 1) * tile_n > ctx)
+        assert t * tile_n <= last_pos and (t + 1) * tile_n - 1 > first_pos or (
+            (t + 1) * tile_n > ctx
         )
     every = tile_plan(ctx, q_len, first_q, block_q, tile_n, mask_every_tile=True)
     assert not every[0] and list(every[1]) == list(whole) + list(masked)
@@ -664,10 +647,7 @@ def test_every_tiled_rung_changes_one_setting(kind):
     for below, rung in zip(rungs, rungs[1:]):
         a, b = rung_settings(below, kind), rung_settings(rung, kind)
         changed = {key for key in a if a[key] != b[key]}
-        assert changed and any(changed <= group for group in ONE_CHANGE), (
-            rung.name,
-            changed,
-        )
+        assert changed and any(changed <= group for group in ONE_CHANGE), (rung.name, changed)
 
 
 @pytest.mark.parametrize("heavy", [False, True])
@@ -677,11 +657,7 @@ def test_the_program_map_numbers_programs_as_the_binary_search(heavy):
     heavy_first reorders them, the heaviest Q-block first."""
     from pagedkv_lab.attention import tiled_program_map
 
-    q_lens, cached, block_q = (
-        [1, 1, 37, 0, 300, 5, 1, 180],
-        [9, 0, 3, 4, 0, 20, 7, 0],
-        16,
-    )
+    q_lens, cached, block_q = [1, 1, 37, 0, 300, 5, 1, 180], [9, 0, 3, 4, 0, 20, 7, 0], 16
     starts = torch.tensor([0, *q_lens]).cumsum(0)
     ctx = torch.tensor(q_lens) + torch.tensor(cached)
     got = tiled_program_map(starts, ctx, int(starts[-1]), block_q, heavy).tolist()
@@ -710,8 +686,7 @@ def test_the_prefill_levers_change_no_result(poisoned, segments, dtype):
               dict(inf_guard=False)]  # fmt: skip
     for head_dim in (40, 64) if segments == 1 else (64,):
         q, k, v, tables, ctx, starts = prefill_problem(
-            9, [21, 1, 0, 70], [5, 16, 3, 0], 8, 2, head_dim, 16, dtype
-        )
+            9, [21, 1, 0, 70], [5, 16, 3, 0], 8, 2, head_dim, 16, dtype)
         ref = reference_paged_attention(q, k, v, tables, ctx, starts)
         args = on_device(q, k, v, tables, ctx, starts)
         for lever in levers:
@@ -721,13 +696,9 @@ def test_the_prefill_levers_change_no_result(poisoned, segments, dtype):
 
 
 def test_heavy_first_needs_the_program_map():
-    q, k, v, tables, ctx, starts = prefill_problem(
-        1, [4], [0], 4, 2, 16, 8, torch.float32
-    )
+    q, k, v, tables, ctx, starts = prefill_problem(1, [4], [0], 4, 2, 16, 8, torch.float32)
     with pytest.raises(ValueError, match="program_map"):
-        paged_attention_tiled(
-            *on_device(q, k, v, tables, ctx, starts), heavy_first=True
-        )
+        paged_attention_tiled(*on_device(q, k, v, tables, ctx, starts), heavy_first=True)
 
 
 def test_the_model_predicts_every_rung_at_every_ladder_shape():
@@ -763,6 +734,4 @@ def test_the_ladder_smoke_run_covers_every_rung(tmp_path):
     for kind, ladder in (("decode", DECODE_LADDER), ("prefill", PREFILL_LADDER)):
         rows = [r for r in found["rows"] if r["kind"] == kind]
         assert sorted({r["rung"] for r in rows}) == list(range(len(ladder)))
-        assert all(
-            "ms" in r and r["predicted_ms"] > 0 and "resources" in r for r in rows
-        )
+        assert all("ms" in r and r["predicted_ms"] > 0 and "resources" in r for r in rows)

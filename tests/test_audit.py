@@ -17,10 +17,7 @@ from pagedkv_lab.experiments import (  # noqa: E402
 
 def test_plot_claims_draws_claims_and_measurements_and_skips_none():
     shares = [("a share", "M1", (20, 38), 18.4), ("a point", "M2", (96, 96), 97.0)]
-    multiples = [
-        ("a multiple", "M6", (3, 4), 4.3),
-        ("not measured", "S2", (2, 4), None),
-    ]
+    multiples = [("a multiple", "M6", (3, 4), 4.3), ("not measured", "S2", (2, 4), None)]
     verdicts = {"M1": "misattributed", "M2": "holds", "M6": "holds only when",
                 "S2": "needs a GPU"}  # fmt: skip
     fig = plot_claims(shares, multiples, verdicts, title="t", multiple_label="x")
@@ -36,15 +33,10 @@ def test_a_lower_bound_is_drawn_as_one():
     """A multiple that is only a lower bound (S2's when no engine crossed the
     latency bound) is a right-pointing triangle, with its own legend entry."""
     shares = [("a share", "M1", (20, 38), 18.4)]
-    multiples = [
-        ("at least", "S2", (2, 4), 1.0, True),
-        ("a multiple", "M6", (3, 4), 4.3),
-    ]
+    multiples = [("at least", "S2", (2, 4), 1.0, True), ("a multiple", "M6", (3, 4), 4.3)]
     verdicts = {"M1": "holds", "S2": "undecided", "M6": "holds"}
     fig = plot_claims(shares, multiples, verdicts, title="t", multiple_label="x")
-    markers = [
-        line.get_marker() for line in fig.axes[1].lines if line.get_marker() in "o>"
-    ]
+    markers = [line.get_marker() for line in fig.axes[1].lines if line.get_marker() in "o>"]
     assert markers.count(">") == 1 and markers.count("o") == 1
     labels = {t.get_text() for t in fig.legends[0].get_texts()}
     assert {"undecided", "a lower bound (at least)"} <= labels

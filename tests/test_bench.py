@@ -131,9 +131,7 @@ def test_every_system_gets_the_same_warmup_and_requests_in_alternating_rounds(
         "_OursRunner",
         lambda s, reserve: Fake(s, "contiguous" if reserve else "pagedkv"),
     )
-    monkeypatch.setattr(
-        serve_module, "_HFStaticRunner", lambda s: Fake(s, "hf-generate")
-    )
+    monkeypatch.setattr(serve_module, "_HFStaticRunner", lambda s: Fake(s, "hf-generate"))
     rows, _ = serve_benchmark(
         "tiny-llama",
         REQUESTS,
@@ -181,9 +179,7 @@ def test_hf_continuous_thread_lives_only_inside_its_runs():
         # both cache layouts (transformers 5.17 and >= 5.18) read the same bytes:
         # the whole budget, and one 16-token block per request at the peak
         assert runner.capacity_bytes == setup.budget_bytes
-        bytes_per_block = setup.budget_bytes // (
-            setup.budget_tokens // setup.block_size
-        )
+        bytes_per_block = setup.budget_bytes // (setup.budget_tokens // setup.block_size)
         assert second["peak_kv_bytes"] == 2 * bytes_per_block
     finally:
         runner.close()
@@ -306,10 +302,7 @@ def test_kernel_benchmark_in_order_blocks_give_the_same_answer(capsys):
     checked against contiguous SDPA like the other paths, and its column printed."""
     rows = kernel_benchmark(torch.device("cpu"), (3,), (37,), repeats=1, in_order=True)
     assert rows[0]["max_error"] < 1e-4 and rows[0]["in_order_ms"] > 0
-    assert (
-        rows[0]["shuffled_over_in_order"]
-        == rows[0]["paged_ms"] / rows[0]["in_order_ms"]
-    )
+    assert rows[0]["shuffled_over_in_order"] == rows[0]["paged_ms"] / rows[0]["in_order_ms"]
     from pagedkv_lab.bench import print_kernel_table
 
     print_kernel_table(rows)
@@ -423,9 +416,7 @@ def test_serve_cli_rejects_a_count_per_workload_that_does_not_match():
 
 # ---- chapter 04's ladder ------------------------------------------------------
 
-REPORT = (
-    __import__("pathlib").Path(__file__).resolve().parent.parent / "book/reports/h100"
-)
+REPORT = __import__("pathlib").Path(__file__).resolve().parent.parent / "book/reports/h100"
 
 
 def test_committed_ladder_reads_each_rung_from_the_file_that_holds_it():
@@ -439,9 +430,7 @@ def test_committed_ladder_reads_each_rung_from_the_file_that_holds_it():
     rows = committed_ladder(REPORT, DECODE_LADDER, PREFILL_LADDER)
 
     def row(kind, rung, shape):
-        return next(
-            r for r in rows if (r["kind"], r["rung"], r["shape"]) == (kind, rung, shape)
-        )
+        return next(r for r in rows if (r["kind"], r["rung"], r["shape"]) == (kind, rung, shape))
 
     assert row("decode", 0, (64, 4096))["over_contiguous"] == 3.53
     assert row("decode", 0, (64, 4096))["timed"] == "launched"
@@ -454,9 +443,7 @@ def test_committed_ladder_reads_each_rung_from_the_file_that_holds_it():
     assert row("decode", 7, (8, 1024))["over_contiguous"] == 1.07
     assert row("decode", 7, (256, 4096))["GBps"] == 3005.6
     for rung in (2, 3, 4):
-        assert not any(
-            r["measured"] for r in rows if (r["kind"], r["rung"]) == ("decode", rung)
-        )
+        assert not any(r["measured"] for r in rows if (r["kind"], r["rung"]) == ("decode", rung))
     assert row("prefill", 2, (4, 1024))["over_causal_sdpa"] == 2.08
     # rung 2 from the sweep; rung 4 and the default (the same launch then) from
     # the run of 2026-11-26
@@ -476,11 +463,7 @@ def test_a_committed_ladder_run_comes_first(tmp_path):
             "context_len": 1024, "ms": 0.05, "over_contiguous": 1.9, "GBps": 700.0}  # fmt: skip
     (tmp_path / "kernel_ladder.json").write_text(json.dumps([mine]))
     rows = committed_ladder(tmp_path, DECODE_LADDER, PREFILL_LADDER)
-    got = next(
-        r
-        for r in rows
-        if (r["rung"], r["shape"]) == (3, (8, 1024)) and r["kind"] == "decode"
-    )
+    got = next(r for r in rows if (r["rung"], r["shape"]) == (3, (8, 1024)) and r["kind"] == "decode")
     assert got["measured"] and got["over_contiguous"] == 1.9
     assert got["source"] == "kernel_ladder.json"
 
@@ -527,10 +510,7 @@ def test_kernel_ladder_writes_the_prefill_kernel_target(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("kernel_ladder", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    assert (
-        script.main(["--smoke", "--sections", "prefill-kernel", "--out", str(tmp_path)])
-        == 0
-    )
+    assert script.main(["--smoke", "--sections", "prefill-kernel", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["prefill_kernel"]["over_causal_sdpa"] > 0
     assert results["prefill_kernel"]["grid"] == [[2, 24], [3, 9]]

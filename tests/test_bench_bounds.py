@@ -72,9 +72,9 @@ def test_section_counts_add_warm_up_and_rounds():
         count_steps(scaled_chat_trace(4, 64, seed=4), max_model_len=64,
                     budget_requests=8, systems=("pagedkv",))["pagedkv"]
     )  # fmt: skip
-    assert report.rate_section_steps(
-        8, 64, seeds=(0, 1, 2)
-    ) > report.rate_section_steps(8, 64, seeds=(0,))
+    assert report.rate_section_steps(8, 64, seeds=(0, 1, 2)) > report.rate_section_steps(
+        8, 64, seeds=(0,)
+    )
 
 
 def test_poisson_arrivals_and_the_normalised_latency():
@@ -101,8 +101,7 @@ def test_rate_section_reports_the_median_and_range_of_its_seeds():
                 if r["system"] == row["system"] and r["load"] == row["load"]]  # fmt: skip
         assert sorted(mine)[1] == row["normalized_latency_s"]
         assert (min(mine), max(mine)) == (
-            row["normalized_latency_min"],
-            row["normalized_latency_max"],
+            row["normalized_latency_min"], row["normalized_latency_max"]
         )
     single = report.rate_section(
         torch.device("cpu"), model="tiny-llama", num_requests=4, max_model_len=64,

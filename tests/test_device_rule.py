@@ -52,9 +52,7 @@ def card(request, monkeypatch):
     )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a, **k: props)
-    monkeypatch.setattr(
-        torch.cuda, "get_device_capability", lambda *a, **k: spec.capability
-    )
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, **k: spec.capability)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     return request.param
 
@@ -100,9 +98,7 @@ def test_benchmark_kv_spec_uses_the_rule(card, monkeypatch):
     seen = []
     original = KVSpec.from_config.__func__
     monkeypatch.setattr(
-        KVSpec,
-        "from_config",
-        classmethod(lambda cls, c, d: seen.append(d) or original(cls, c, d)),
+        KVSpec, "from_config", classmethod(lambda cls, c, d: seen.append(d) or original(cls, c, d))
     )
     _kv_spec("Qwen2.5-0.5B", CUDA)
     assert seen == [dtype]
@@ -115,10 +111,7 @@ def test_every_caller_asks_the_rule_not_torch():
 
     assert llm.default_dtype is default_dtype
     root = Path(__file__).resolve().parent.parent
-    files = [
-        *root.joinpath("pagedkv_lab").rglob("*.py"),
-        *root.joinpath("scripts").glob("*.py"),
-    ]
+    files = [*root.joinpath("pagedkv_lab").rglob("*.py"), *root.joinpath("scripts").glob("*.py")]
     callers = [f.name for f in files if "is_bf16_supported(" in f.read_text()]
     assert callers == []
 
@@ -193,10 +186,7 @@ def test_an_h100_emulating_a_t4_takes_every_t4_rule(emulate):
     # the kernels' launch reads the card through the rule: pre-Ampere tiles, 40 SMs
     capability, name = attention._card(0)
     assert (capability, name) == ((7, 5), "Tesla T4")
-    assert (
-        tiled_launch(torch.float16, capability, True)[0]
-        == TILE_SIZES_PRE_AMPERE["decode"]
-    )
+    assert tiled_launch(torch.float16, capability, True)[0] == TILE_SIZES_PRE_AMPERE["decode"]
     assert attention._multiprocessors(0) == 40
     # sizes for 15 GiB: the scripts' shape and the benchmark rows
     assert largest_real_shape(CUDA) == "Llama-3.2-1B"

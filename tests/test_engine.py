@@ -70,13 +70,8 @@ MODELS = {
     "tiny-qwen3": lambda: load_model("tiny-qwen3")[0],
     # head_dim 24 is not 64 / 4; q/k norms with weights that are not ones
     "qwen3-hd24-norms": lambda: _random_norms(
-        _synthetic(
-            Qwen3Config,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=24,
-            tie_word_embeddings=False,
-        )
+        _synthetic(Qwen3Config, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=24, tie_word_embeddings=False)
     ),
 }
 

@@ -385,10 +385,7 @@ def test_fused_weights_equal_the_layers_in_float64_and_share_their_memory():
         assert lay.weight.untyped_storage().data_ptr() == storage
         if b is not None:
             assert torch.equal(lay.bias, b)
-            assert (
-                lay.bias.untyped_storage().data_ptr()
-                == lin.bias.untyped_storage().data_ptr()
-            )
+            assert lay.bias.untyped_storage().data_ptr() == lin.bias.untyped_storage().data_ptr()
     with torch.no_grad():  # each layer still computes what it did
         for lay, (w, b) in zip(layers, before):
             torch.testing.assert_close(lay(x), F.linear(x, w, b), rtol=0, atol=0)
@@ -405,9 +402,7 @@ def test_fusing_a_model_keeps_no_second_copy_of_its_projections():
     assert len(greedy_alone(model, [1, 5, 6], 3)) == 3
 
 
-@pytest.mark.parametrize(
-    "name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "small-llama"]
-)
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "small-llama"])
 def test_gemms_per_layer_seven_before_four_after(name):
     """Counted by instrumentation: torch's dispatcher (`count_ops`) and the C++
     library's calls (`CountingLib`)."""
@@ -422,9 +417,7 @@ def test_gemms_per_layer_seven_before_four_after(name):
         assert _per_layer(fused.decode_step_ops(runner), model) == 4
     lib = _cpu_ops().lib
     calls = collections.Counter()
-    runner = FusedModelRunner(
-        model, 64, BLOCK, ops=CpuLayerOps(CountingLib(lib, calls))
-    )
+    runner = FusedModelRunner(model, 64, BLOCK, ops=CpuLayerOps(CountingLib(lib, calls)))
     counts = fused.decode_step_ops(runner, cpp_calls=calls)
     assert _per_layer(counts, model) == 4
     assert counts["pagedkv_linear"] == 4 * model.config.num_hidden_layers + 1

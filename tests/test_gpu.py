@@ -155,16 +155,9 @@ PREFILL_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize(
-    "shape, dtype",
-    cases(
-        PREFILL_SHAPES,
-        dtypes(),
-        core=lambda shape, dtype: (
-            dtype == first_half_dtype() or shape is PREFILL_SHAPES[4]
-        ),
-    ),
-)
+@pytest.mark.parametrize("shape, dtype", cases(
+    PREFILL_SHAPES, dtypes(),
+    core=lambda shape, dtype: dtype == first_half_dtype() or shape is PREFILL_SHAPES[4]))
 def test_triton_prefill_compiled_matches_float64(shape, dtype):
     ctx, new, heads, kvh, hd, bs = shape
     q, k, v, tables, lens, starts = paged_problem(
@@ -297,10 +290,7 @@ def test_llm_serves_in_half_precision(dtype):
     theirs = [greedy_alone(llm.model, p, GREEDY.max_tokens) for p in batch]
     judged = compare_systems(
         {"generate": theirs, "pagedkv": [o.token_ids for o in outs]},
-        [GREEDY.max_tokens] * len(batch),
-        exact=False,
-        model=llm.model,
-        prompts=batch,
+        [GREEDY.max_tokens] * len(batch), exact=False, model=llm.model, prompts=batch,
     )["pagedkv"]
     assert judged.sound, judged.summary()
 
@@ -436,9 +426,7 @@ def test_triton_layer_ops_compiled_match_torch(dtype):
                              num_key_value_heads=8, head_dim=128)  # fmt: skip
     qkv = randn(37, 16 + 2 * 8, 128)
     angles = torch.rand(37, 64, generator=g, device="cuda") * 100
-    cos, sin = (
-        f(torch.cat([angles, angles], -1)).to(dtype) for f in (torch.cos, torch.sin)
-    )
+    cos, sin = (f(torch.cat([angles, angles], -1)).to(dtype) for f in (torch.cos, torch.sin))
     slots = torch.randperm(8 * 16, generator=g, device="cuda")[:37]
     for qk_norm in (None, ((0.5 + torch.rand(2, 128, device="cuda")).to(dtype), 1e-6)):
         results = []

@@ -41,35 +41,18 @@ def report(tmp_path):
         "prefill_kernel": {"over_causal_sdpa": 1.4},
     }
     (tmp_path / "kernels" / "results.json").write_text(json.dumps(kernels))
-    decode = {
-        "floor_ms": 10.0,
-        "systems": {"pagedkv": {"decode_ms": 12.5}},
-        "model": "Llama-3-8B",
-    }
+    decode = {"floor_ms": 10.0, "systems": {"pagedkv": {"decode_ms": 12.5}}, "model": "Llama-3-8B"}
     (tmp_path / "decode" / "results.json").write_text(json.dumps(decode))
-    breakdown = {
-        "full_batch_decode_steps": {
-            "wall": 9.0,
-            "host": 2.0,
-            "device": 7.0,
-            "sampling": 0.5,
-            "waited": 7.0,
-        }
-    }
-    published = {
-        "model": "Qwen3-0.6B",
-        "tok_s": 18000.0,
-        "async_scheduling": True,
-        "breakdown": breakdown,
-    }
+    breakdown = {"full_batch_decode_steps": {"wall": 9.0, "host": 2.0, "device": 7.0,
+                                             "sampling": 0.5, "waited": 7.0}}
+    published = {"model": "Qwen3-0.6B", "tok_s": 18000.0, "async_scheduling": True,
+                 "breakdown": breakdown}
     (tmp_path / "nanovllm" / "Qwen3-0.6B.json").write_text(json.dumps(published))
     sync = {"model": "Qwen3-0.6B", "tok_s": 15000.0, "async_scheduling": False}
     (tmp_path / "nanovllm" / "Qwen3-0.6B-sync.json").write_text(json.dumps(sync))
     other = {"model": "Qwen2.5-0.5B", "tok_s": 30000.0, "async_scheduling": True}
     (tmp_path / "nanovllm" / "Qwen2.5-0.5B.json").write_text(json.dumps(other))
-    (tmp_path / "steps.tsv").write_text(
-        "versions\tpass\t3\tversions.txt\nkernel ladder\tpass\t300\tkernels.txt\n"
-    )
+    (tmp_path / "steps.tsv").write_text("versions\tpass\t3\tversions.txt\nkernel ladder\tpass\t300\tkernels.txt\n")
     return tmp_path
 
 
@@ -82,40 +65,25 @@ def test_figures_come_from_the_files(report):
     assert t["decode_step_over_floor"] == 1.25
     assert t["nanovllm_bench_tok_s"] == {"Qwen3-0.6B": 18000.0, "Qwen2.5-0.5B": 30000.0}
     assert t["nanovllm_meets_goal"] == {"Qwen3-0.6B": True, "Qwen2.5-0.5B": False}
-    assert t["nanovllm_step_ms"]["Qwen3-0.6B"] == {
-        "wall": 9.0,
-        "host": 2.0,
-        "device": 7.0,
-        "sampling": 0.5,
-    }
+    assert t["nanovllm_step_ms"]["Qwen3-0.6B"] == {"wall": 9.0, "host": 2.0, "device": 7.0,
+                                                   "sampling": 0.5}
     assert t["nanovllm_async_over_sync"] == {"Qwen3-0.6B": 1.2}
     assert t["gpu"] == "NVIDIA H100 80GB HBM3" and t["missing"] == {}
-    assert t["gpu_check"] == {
-        "all_passed": True,
-        "seconds": 303,
-        "not_run": [],
-        "failed": [],
-    }
+    assert t["gpu_check"] == {"all_passed": True, "seconds": 303, "not_run": [], "failed": []}
 
 
 def test_a_step_not_run_is_not_passed(report):
     t = gpu_targets.targets(report, ["versions", "kernel ladder", "bench all"])
-    assert not t["gpu_check"]["all_passed"] and t["gpu_check"]["not_run"] == [
-        "bench all"
-    ]
+    assert not t["gpu_check"]["all_passed"] and t["gpu_check"]["not_run"] == ["bench all"]
 
 
 def test_a_rerun_step_replaces_its_failure(report):
     with (report / "steps.tsv").open("a") as f:
         f.write("bench all\tFAIL (exit 1)\t5\tbench.txt\n")
-    assert gpu_targets.targets(report, ["bench all"])["gpu_check"]["failed"] == [
-        "bench all"
-    ]
+    assert gpu_targets.targets(report, ["bench all"])["gpu_check"]["failed"] == ["bench all"]
     with (report / "steps.tsv").open("a") as f:
         f.write("bench all\tpass\t9\tbench.txt\n")
-    check = gpu_targets.targets(report, ["versions", "kernel ladder", "bench all"])[
-        "gpu_check"
-    ]
+    check = gpu_targets.targets(report, ["versions", "kernel ladder", "bench all"])["gpu_check"]
     assert check["all_passed"] and check["seconds"] == 312
 
 
@@ -142,16 +110,9 @@ def test_the_gpu_check_plans_its_steps_within_eight_minutes(tmp_path):
     plan = (tmp_path / "plan.txt").read_text()
     names = re.findall(r"^  (\S.*?)\s+(\d+) s$", plan, re.M)
     order = [n for n, _ in names]
-    assert order[:3] == [
-        "versions",
-        "bench nanovllm Qwen3-0.6B",
-        "bench nanovllm Qwen2.5-0.5B",
-    ]
+    assert order[:3] == ["versions", "bench nanovllm Qwen3-0.6B", "bench nanovllm Qwen2.5-0.5B"]
     assert [n for n in order if n.endswith("as t4")] == [
-        "notebook 04_attention as t4",
-        "notebook 05_engine as t4",
-        "notebook 10_benchmarks as t4",
-    ]
+        "notebook 04_attention as t4", "notebook 05_engine as t4", "notebook 10_benchmarks as t4"]
     assert sum(n.startswith("notebook ") and "as t4" not in n for n in order) == 12
     required = int(re.search(r"of which (\d+) s for the check itself", plan).group(1))
     emulated = sum(int(s) for n, s in names if n.endswith("as t4"))

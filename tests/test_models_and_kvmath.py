@@ -159,9 +159,7 @@ def test_random_weights_at_a_real_shape_are_seeded_and_take_the_dtype():
     assert a.dtype == torch.float32 and c.dtype == torch.bfloat16
     pairs = list(zip(a.parameters(), b.parameters()))
     assert all(torch.equal(x, y) for x, y in pairs)
-    assert not torch.equal(
-        a.model.embed_tokens.weight, c.model.embed_tokens.weight.float()
-    )
+    assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight.float())
     logits = a(input_ids=torch.tensor([[1, 5, 9]])).logits
     assert logits.shape == (1, 3, 1024) and logits.isfinite().all()
 
@@ -176,8 +174,6 @@ def test_qwen3_shape_has_an_explicit_head_dim_and_head_norms():
     assert round((count_parameters_from_config(cfg) - embedding) / 1e9, 2) == 0.44
     model, _ = load_model("tiny-qwen3")
     assert model.config.head_dim != model.config.hidden_size // 4
-    norms = sum(
-        p.numel() for n, p in model.named_parameters() if "q_norm" in n or "k_norm" in n
-    )
+    norms = sum(p.numel() for n, p in model.named_parameters() if "q_norm" in n or "k_norm" in n)
     assert norms == 2 * model.config.num_hidden_layers * model.config.head_dim
     assert count_parameters_from_config(model.config) == count_parameters(model)

@@ -22,9 +22,7 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted(
-    (Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")
-)
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\w.])")
 BOUND_BEFORE = re.compile(r"(?:<|<=|≤|below|under)\s*$")
 NOT_COMPARED = ("NBVAL_IGNORE_OUTPUT", "NBVAL_SKIP")
@@ -54,9 +52,7 @@ def rounding_noise(text: str, source: str) -> list[str]:
             continue
         if re.search(rf"(?<![\w.]){re.escape(literal.lstrip('+-'))}(?![\w.])", source):
             continue
-        found.append(
-            text[max(0, match.start() - 40) : match.end()].replace("\n", " | ")
-        )
+        found.append(text[max(0, match.start() - 40) : match.end()].replace("\n", " | "))
     return found
 
 
@@ -66,19 +62,13 @@ def test_rule_catches_rounding_noise_and_allows_bounds_and_inputs():
     assert rounding_noise("difference 0.000012", "")
     assert not rounding_noise("max error < 1e-12", "")
     assert not rounding_noise("error 9.5e+00, averaged 4.5e-02", "")
-    assert not rounding_noise(
-        "temperature 1e-9 is greedy", "SamplingParams(temperature=1e-9)"
-    )
-    assert rounding_noise(
-        "temperature 1e-9 is greedy", "SamplingParams(temperature=1e-8)"
-    )
+    assert not rounding_noise("temperature 1e-9 is greedy", "SamplingParams(temperature=1e-9)")
+    assert rounding_noise("temperature 1e-9 is greedy", "SamplingParams(temperature=1e-8)")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_compared_outputs_print_no_rounding_noise(path: Path):
-    cells = [
-        c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"
-    ]
+    cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
     problems = []
     for index, cell in enumerate(cells):
         source = "".join(cell["source"])
@@ -86,9 +76,7 @@ def test_compared_outputs_print_no_rounding_noise(path: Path):
         if any(marker in first_line for marker in NOT_COMPARED):
             continue
         for text in compared_texts(cell):
-            problems += [
-                f"Cell {index}: ...{hit}" for hit in rounding_noise(text, source)
-            ]
+            problems += [f"Cell {index}: ...{hit}" for hit in rounding_noise(text, source)]
     assert not problems, (
         f"{path.name} prints rounding errors' digits in compared outputs; print the "
         "bound they meet (pagedkv_lab.notebook.within) or mark the cell "

@@ -349,9 +349,7 @@ def test_a_resumed_requests_lookup_is_counted_apart():
     prefix-cache hit. A tight pool, prompts with nothing in common: every hit
     is a resumed request's, so `hits` (and `hit_rate`) stay 0."""
     g = torch.Generator().manual_seed(3)
-    prompts = [
-        [1] + torch.randint(3, 259, (12,), generator=g).tolist() for _ in range(8)
-    ]
+    prompts = [[1] + torch.randint(3, 259, (12,), generator=g).tolist() for _ in range(8)]
     llm = LLM(
         (MODEL, TOKENIZER),
         block_size=4,

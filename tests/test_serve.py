@@ -103,9 +103,7 @@ def _post(server: Server, path: str, **kw) -> httpx.Response:
     return httpx.post(f"{server.url}{path}", timeout=30, **kw)
 
 
-@pytest.fixture(
-    scope="module", params=[[], ["--async-scheduling"]], ids=["sync", "async"]
-)
+@pytest.fixture(scope="module", params=[[], ["--async-scheduling"]], ids=["sync", "async"])
 def server(tmp_path_factory, request):
     """The server, its engine stepping synchronously (a CPU's default) or with
     asynchronous scheduling: every test below runs against both."""

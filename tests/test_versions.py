@@ -37,9 +37,7 @@ def test_installed_transformers_is_in_the_declared_range():
 def test_the_declared_floor_is_the_version_make_test_floor_installs():
     makefile = (PYPROJECT.parent / "Makefile").read_text()
     floor = re.search(r"^TRANSFORMERS_FLOOR\s*:?=\s*(\S+)", makefile, re.M)
-    lower = [
-        s.version for s in declared("transformers").specifier if s.operator == ">="
-    ]
+    lower = [s.version for s in declared("transformers").specifier if s.operator == ">="]
     assert floor and [Version(v) for v in lower] == [Version(floor.group(1))]
 
 

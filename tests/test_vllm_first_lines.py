@@ -106,9 +106,7 @@ def test_gpu_memory_utilization_is_the_fractional_kv_cache_memory(monkeypatch):
     on_gpu = types.SimpleNamespace(  # the model as it would look on a GPU
         config=model.config,
         dtype=model.dtype,
-        parameters=lambda: iter(
-            [types.SimpleNamespace(device=torch.device("cuda", 0))]
-        ),
+        parameters=lambda: iter([types.SimpleNamespace(device=torch.device("cuda", 0))]),
     )
     by_name = EngineArgs(gpu_memory_utilization=0.5).num_kv_blocks(on_gpu, 64)
     by_fraction = EngineArgs(kv_cache_memory=0.5).num_kv_blocks(on_gpu, 64)
