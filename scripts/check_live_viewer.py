@@ -87,6 +87,7 @@ def main() -> int:
             page.click(".jp-Cell .jp-InputArea-editor")
             page.keyboard.press("Shift+Enter")
             viewer = page.wait_for_selector(".pkv-viewer.pkv-mounted", timeout=120_000)
+            viewer.query_selector("input[type=range]").fill("300")  # a busy step
             rows = viewer.query_selector("select[data-control=rows]")
             options = [
                 o.get_attribute("value") for o in rows.query_selector_all("option")

@@ -38,9 +38,6 @@ def legend_entry(patch, state: str | None = None) -> dict:
 
 POOL_SHARE = {"key": "used", "den": "capacity", "percent": True,
               "label": "of the pool holds K/V"}  # fmt: skip
-#: The step chapter 02's static figure of the pool shows: where its viewers open.
-FIGURE_STEP = 300
-
 QUEUES = tuple({"key": k, "label": k} for k in ("running", "waiting", "finished"))
 
 
@@ -78,7 +75,6 @@ def contiguous_viewer() -> Viewer:
             Control("rows", "pool rows", (8, 4, 16), live=tuple(range(2, 25))),
         ),
         views=(_slots_view("contiguous pool", ("policy", "fit", "rows")),),
-        start=FIGURE_STEP,
     )
 
 
@@ -119,7 +115,6 @@ def paging_viewer() -> Viewer:
             ),
             paged,
         ),  # fmt: skip
-        start=FIGURE_STEP,
     )
 
 
