@@ -50,7 +50,7 @@ CHAPTERS = {
     "08": (
         "prefix_cache_viewer(",
         "from pagedkv_lab.course.viewers import show_prefix_cache_viewer\n"
-        "from pagedkv_lab.workloads import system_prompt_workload\n\n"
+        "from pagedkv_lab.sim.workloads import system_prompt_workload\n\n"
         "show_prefix_cache_viewer({\n"
         '    "multi-turn chat": small_chat,  # the workload of the viewer above\n'
         '    "one system prompt": system_prompt_workload(18, system_len=64, seed=11),\n'

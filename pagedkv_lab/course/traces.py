@@ -43,9 +43,9 @@ from __future__ import annotations
 import math
 from inspect import signature
 
-from ..contiguous import ContiguousPool
-from ..paging import PagedPool
-from ..workloads import Request, chat_workload, simulate
+from pagedkv_lab.sim.contiguous import ContiguousPool
+from pagedkv_lab.sim.paged import PagedPool
+from pagedkv_lab.sim.workloads import Request, chat_workload, simulate
 
 #: The W1 trace both chapter 02 and chapter 03 replay on the page: the one
 #: chapter 02's live viewer and static figure use (`widgets.contiguous_trace_frames`).
@@ -223,7 +223,7 @@ def beam_run(beams: int, block_size: int, **kwargs) -> dict:
     """A ``cells`` run of chapter 07's beam search (`widgets.trace_beam_search`):
     a group per beam, its blocks in logical order, ``o`` held by one beam, ``s``
     shared."""
-    from ..widgets import trace_beam_search
+    from pagedkv_lab.course.widgets import trace_beam_search
 
     frames = trace_beam_search(beam_width=beams, block_size=block_size, **kwargs)
     out = []
@@ -265,7 +265,7 @@ CACHE_CODES = {"used": "u", "shared": "s", "cached": "c", "free": "f"}
 def prefix_cache_run(requests, capacity_blocks: int, block_size: int = 16) -> dict:
     """A ``cells`` run of chapter 08's prefix cache (`widgets.trace_prefix_cache`):
     one frame per request, each block's state as a character (`CACHE_CODES`)."""
-    from ..widgets import trace_prefix_cache
+    from pagedkv_lab.course.widgets import trace_prefix_cache
 
     frames = trace_prefix_cache(requests, capacity_blocks, block_size)
     cells = [["".join(CACHE_CODES[s] for s in f["states"])] for f in frames]
@@ -283,7 +283,7 @@ def _owners(owners: list) -> str:
 def preemption_run(mode: str, num_blocks: int, swap_blocks: int, **kwargs) -> dict:
     """A ``cells`` run of chapter 09's preemption storm (`widgets.trace_preemption`):
     per step, the device and host pools' owners (`_owners`) and the queues."""
-    from ..widgets import trace_preemption
+    from pagedkv_lab.course.widgets import trace_preemption
 
     frames = trace_preemption(
         mode=mode, num_blocks=num_blocks, swap_blocks=swap_blocks, **kwargs
