@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv_lab.contiguous import ContiguousPool
+from pagedkv_lab.sim.contiguous import ContiguousPool
 from pagedkv_lab.course import poolviewer, traces, viewers
-from pagedkv_lab.paging import PagedPool
-from pagedkv_lab.workloads import simulate
+from pagedkv_lab.sim.paged import PagedPool
+from pagedkv_lab.sim.workloads import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULE = ROOT / "pagedkv_lab" / "course" / "static" / "poolviewer.js"
@@ -213,7 +213,7 @@ def test_trace_json_cannot_close_its_script_tag():
 
 
 def test_legends_are_the_static_figures():
-    from pagedkv_lab.plotting import COLORS, HATCHES, LABELS
+    from pagedkv_lab.course.plotting import COLORS, HATCHES, LABELS
 
     legend = viewers.contiguous_viewer().views[0].legend
     assert [e["state"] for e in legend] == list(ContiguousPool.STATES)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv_lab.contiguous import ContiguousPool
+from pagedkv_lab.sim.contiguous import ContiguousPool
 from pagedkv_lab.course import traces
-from pagedkv_lab.paging import PagedPool
-from pagedkv_lab.workloads import chat_workload, simulate
+from pagedkv_lab.sim.paged import PagedPool
+from pagedkv_lab.sim.workloads import chat_workload, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "_build" / "html"
@@ -128,7 +128,7 @@ def expect_blocks(settings: dict, step: int) -> dict:
 
 @lru_cache(maxsize=16)
 def _beams(beams: int, block_size: int):
-    from pagedkv_lab.widgets import trace_beam_search
+    from pagedkv_lab.course.widgets import trace_beam_search
 
     return trace_beam_search(beam_width=beams, block_size=block_size)
 
@@ -148,8 +148,8 @@ def expect_beams(settings: dict, step: int) -> dict:
 
 @lru_cache(maxsize=16)
 def _cache(workload: str, capacity: int):
-    from pagedkv_lab.widgets import trace_prefix_cache
-    from pagedkv_lab.workloads import multi_turn_workload, system_prompt_workload
+    from pagedkv_lab.course.widgets import trace_prefix_cache
+    from pagedkv_lab.sim.workloads import multi_turn_workload, system_prompt_workload
 
     # the workloads scripts/viewer_cells.py gives chapter 08's viewer
     requests = {
@@ -177,7 +177,7 @@ def expect_cache(settings: dict, step: int) -> dict:
 @lru_cache(maxsize=16)
 def _storm(mode: str, num_blocks: int):
     from pagedkv_lab.course.viewers import PREEMPTION_MODES
-    from pagedkv_lab.widgets import trace_preemption
+    from pagedkv_lab.course.widgets import trace_preemption
 
     how, swap_blocks = PREEMPTION_MODES[mode]
     return trace_preemption(mode=how, num_blocks=num_blocks, swap_blocks=swap_blocks)

@@ -13,7 +13,7 @@ machine. Every number the viewer shows comes from a run. There are three kinds.
     step ``finish``; ``final`` is what it holds when it ends. At a step ``s`` in
     ``admit..finish`` it holds ``prompt + s - admit + 1`` tokens: the simulator
     gives every running request one token a step, the admitted one its first
-    token in its admission step (`pagedkv_lab.workloads.simulate`).
+    token in its admission step (`pagedkv_lab.sim.workloads.simulate`).
     ``blocked`` lists inclusive step ranges ``a0, b0, a1, b1, ...`` in which the
     free slots are external fragmentation (the head of the queue would fit in
     the free slots, but in no gap).

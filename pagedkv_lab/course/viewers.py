@@ -1,6 +1,6 @@
 """The chapters' pool viewers (`poolviewer`): what each one simulates, the
 settings a reader picks, the headline it shows and its legend, which is the
-legend of the chapter's static figure (`pagedkv_lab.plotting`, `widgets`)."""
+legend of the chapter's static figure (`pagedkv_lab.course.plotting`, `course.widgets`)."""
 
 from __future__ import annotations
 
