@@ -241,8 +241,8 @@ def test_the_module_ships_and_ends_with_the_global_that_anywidget_exports():
 
 
 def test_the_book_shows_a_viewers_page_part_and_no_saved_widget_state():
-    from pagedkv_lab._sphinx import WIDGET_VIEW, site_notebook
-    from pagedkv_lab.notebook import LIVE_ONLY
+    from pagedkv_lab.course._sphinx import WIDGET_VIEW, site_notebook
+    from pagedkv_lab.course.notebook import LIVE_ONLY
 
     viewer_output = {
         "output_type": "display_data",
@@ -282,7 +282,7 @@ def test_an_inline_script_registered_twice_is_written_once():
     assets = pytest.importorskip("sphinx.builders.html._assets")
     _JavaScript = assets._JavaScript
 
-    from pagedkv_lab._sphinx import unique_scripts
+    from pagedkv_lab.course._sphinx import unique_scripts
 
     body = "const THEBE_JS_URL = 1"
     scripts = [

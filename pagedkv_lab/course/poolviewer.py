@@ -5,7 +5,7 @@ chapter's simulation, in two homes.
   ``<div class="pkv-viewer">`` holding the whole *trace*, every run of a grid of
   settings precomputed by the chapter's simulator (`traces`). The book copies
   the module into ``_static/`` and loads it on the pages that have a viewer
-  (`pagedkv_lab._sphinx`); it replays the trace with no kernel and no network.
+  (`pagedkv_lab.course._sphinx`); it replays the trace with no kernel and no network.
 * **In JupyterLab, Notebook or Colab** the same output is a live widget
   (anywidget, which loads the same module): it starts with the default run,
   and each setting the reader picks is simulated by the kernel and sent to the
@@ -44,7 +44,7 @@ from importlib import resources
 FORMAT = "pagedkv-trace/1"
 
 #: Key of a viewer output's metadata: the book drops the live widget's part of
-#: such an output and shows its ``text/html`` part (`pagedkv_lab._sphinx`).
+#: such an output and shows its ``text/html`` part (`pagedkv_lab.course._sphinx`).
 VIEWER_OUTPUT = "pagedkv_lab_viewer"
 
 
