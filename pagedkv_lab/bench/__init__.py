@@ -19,6 +19,8 @@ The package, one module per part, none importing the CLI or the report:
 * `common`: what every served system shares (`ServeSetup`, the traces);
 * `peers`: `transformers`' `generate` and continuous batching, and vLLM;
 * `serve`: `serve_benchmark`, this engine against the peers, and its tables;
+* `compare`: what the systems generated, compared soundly in every dtype;
+* `steps`: where a served run's steps spend their time (`StepClock`);
 * `online`: one HTTP client for our server and ``vllm serve`` (``bench online``,
   ``scripts/vllm_client.py``; book/serving.md);
 * `report`: the sections of ``bench all`` and the report folder (chapter 10);
@@ -70,10 +72,12 @@ from .common import (
     static_batches,
 )
 from .kernel import (
+    ERROR_BOUND,
     decode_path_name,
     kernel_benchmark,
     parse_kernel_tables,
     print_kernel_table,
+    within_error_bound,
 )
 from .peers import find_vllm_python, vllm_block_sizes
 from .serve import plot_serve, print_serve_table, serve_benchmark, serve_title
@@ -81,6 +85,7 @@ from .timing import time_call, time_calls
 
 __all__ = [
     "ALL_SYSTEMS",
+    "ERROR_BOUND",
     "PEAK_KV",
     "SYSTEMS",
     "ServeSetup",
@@ -98,4 +103,5 @@ __all__ = [
     "time_call",
     "time_calls",
     "vllm_block_sizes",
+    "within_error_bound",
 ]

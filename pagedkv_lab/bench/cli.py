@@ -260,7 +260,7 @@ def _serve_workload(
     startup = "; ".join(f"{r['system']} {r['startup_s']:.1f}" for r in rows)
     print(textwrap.fill(f"startup s (load, pack or compile, warm-up; not in "
                         f"tok/s): {startup}", 88))  # fmt: skip
-    # exact in float32; in 16-bit, vLLM's rule at the first difference (pagedkv_lab.compare)
+    # identical in float32; in 16 bits every position against float32 (bench.compare)
     judged = judge_outputs(outputs, [r.output_len for r in requests], prompts, model, device)
     print(f"tokens against {rows[0]['system']}'s:")
     for r in rows:
