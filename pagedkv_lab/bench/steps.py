@@ -1,15 +1,22 @@
 """Where a served run's steps spend their time: `StepClock` splits every
 ``LLM.step`` into the host's work and the device's, and `profile_decode_steps`
-records a `torch.profiler` table of decode steps at full batch.
+records a `torch.profiler` table of decode steps at full batch, with the
+device's busy time.
 
-On a GPU a step's wall time is the host's own work (scheduling, packing the
-inputs, launching, appending tokens, outputs) plus the time it waits for the
-device to hand back the step's tokens; the device's time is measured apart,
-with CUDA events around the forward pass (a graph replay, for decode) and
-around the sampler. In the synchronous loop the GPU idles for the whole of the
-host's share; with a step in flight, for whatever of it exceeds the device's
-time. Either way that idle time is the engine's, whatever the kernels do. On a CPU the host runs the forward
-pass and the sampler itself, so their share is wall time, and nothing waits.
+On a GPU a step's wall time is the host's own work (scheduling, packing and
+uploading the inputs, launching, appending tokens, outputs) plus the time it
+waits for the device to hand back the step's tokens. The clock brackets two
+spans with CUDA events, tightly: the forward pass from after its inputs are
+uploaded (for a decode step, around the graph replay alone; for an eager step,
+around the runner's ``forward``) and the sampler's own launches. An event
+span is the device's timeline between two marks, so it also holds any time
+the device sat idle between them, waiting for the host to launch the next
+kernel: for a graph replay (one launch) that is nothing, for an eager step or
+the sampler (many small launches) it can be most of the span. The device's
+busy time, kernels and copies actually running, comes from ``torch.profiler``'s
+CUDA activity instead (`profile_decode_steps`, `device_busy_seconds`), and its
+idle time is the wall time minus that. On a CPU the host runs the forward
+pass and the sampler itself, so their spans are wall time and nothing waits.
 """
 
 from __future__ import annotations
@@ -34,12 +41,16 @@ class _Step:
 class StepClock:
     """Times every step of ``llm``: call `step` instead of ``llm.step``.
 
-    The forward pass (`EngineCore._forward`) and the sampling
-    (`EngineCore._sample`) are bracketed, on a GPU by CUDA events, read only
-    once the run is over (`summary`), so that the clock adds no wait of its own;
-    the host's waits are the `SampledTokens.read` waits the engine reports.
-    The clock wraps those two methods of this one engine (an instrument, as
-    ``scripts/host_step_time.py``'s), and `detach` puts them back.
+    The clock wraps, on this engine only, the places where the device work of a
+    step begins and ends (an instrument, as ``scripts/host_step_time.py``'s;
+    `detach` puts them back): the runner's eager ``forward`` (called once the
+    step's inputs are on the device), a graphed runner's input upload
+    (``inputs.fill``: the replay follows it) and its ``run`` (which returns
+    right after the replay), the engine's ``_sampling_batch`` (the sampler's
+    inputs ready) and ``_sample_batch`` (its launches done), and ``_accept``
+    (where the host waits for the tokens). On a GPU the marks are CUDA events,
+    read only once the run is over (`summary`), so that the clock adds no wait
+    of its own.
     """
 
     def __init__(self, llm):
@@ -47,54 +58,88 @@ class StepClock:
         self.cuda = llm.runner.device.type == "cuda"
         self.steps: list[_Step] = []
         self._current: _Step | None = None
-        self._wrapped = {}
-        for method, span in (("_forward", "forward"), ("_sample", "sampling")):
-            self._wrap(method, span)
-        self._wrap_accept()
+        self._wrapped: list[tuple[object, str]] = []
+        self._open: dict[str, object] = {}  # span -> its start, until it ends
+        runner = llm.runner
+        self._wrap(runner, "forward", self._around("forward"))
+        if hasattr(runner, "inputs") and hasattr(runner, "graphs"):  # graph replays
+            self._wrap(runner.inputs, "fill", self._then_start("forward"))
+            self._wrap(runner, "run", self._then_end("forward"))
+        self._wrap(llm, "_sampling_batch", self._then_start("sampling"))
+        self._wrap(llm, "_sample_batch", self._then_end("sampling", start_if_none=True))
+        self._wrap(llm, "_accept", self._waits)
 
     def _mark(self):
+        """A point on the device's timeline (a CUDA event), or the wall clock."""
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
         return time.perf_counter()
 
-    def _wrap(self, method: str, span: str) -> None:
-        original = getattr(self.llm, method)
-        self._wrapped[method] = original
+    def _recording(self) -> bool:
+        # a graph being captured records nothing real (and events inside it would not time)
+        return self._current is not None and not (
+            self.cuda and torch.cuda.is_current_stream_capturing())
 
-        def timed(*args, **kwargs):
-            start = self._mark()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                if self._current is not None:
+    def _wrap(self, owner, method: str, make) -> None:
+        original = getattr(owner, method)
+        setattr(owner, method, make(original))
+        self._wrapped.append((owner, method))
+
+    def _around(self, span: str):
+        def make(original):
+            def timed(*args, **kwargs):
+                if not self._recording():
+                    return original(*args, **kwargs)
+                start = self._mark()
+                out = original(*args, **kwargs)
+                self._current.spans[span].append((start, self._mark()))
+                return out
+            return timed
+        return make
+
+    def _then_start(self, span: str):
+        def make(original):
+            def then_start(*args, **kwargs):
+                out = original(*args, **kwargs)
+                if self._recording():
+                    self._open[span] = self._mark()
+                return out
+            return then_start
+        return make
+
+    def _then_end(self, span: str, start_if_none: bool = False):
+        def make(original):
+            def then_end(*args, **kwargs):
+                if start_if_none and self._recording():  # a batch built another way
+                    self._open.setdefault(span, self._mark())
+                out = original(*args, **kwargs)
+                start = self._open.pop(span, None)
+                if start is not None and self._recording():
                     self._current.spans[span].append((start, self._mark()))
+                return out
+            return then_end
+        return make
 
-        setattr(self.llm, method, timed)
-
-    def _wrap_accept(self) -> None:
-        original = self.llm._accept
-        self._wrapped["_accept"] = original
-
+    def _waits(self, original):
         def accept(part):
             try:
                 return original(part)
             finally:
                 if self._current is not None:
                     self._current.waited += part.tokens.waited
-
-        self.llm._accept = accept
+        return accept
 
     def detach(self) -> None:
         """Give the engine its own methods back."""
-        for method in self._wrapped:
-            delattr(self.llm, method)
-        self._wrapped = {}
+        for owner, method in reversed(self._wrapped):
+            delattr(owner, method)
+        self._wrapped = []
 
     def step(self) -> list:
         """``llm.step()``, timed."""
-        self._current = _Step()
+        self._current, self._open = _Step(), {}
         start = time.perf_counter()
         try:
             return self.llm.step()
@@ -113,9 +158,11 @@ class StepClock:
         return end - start
 
     def summary(self) -> dict:
-        """Milliseconds per step, as means over all steps and over the decode
-        steps: ``wall``, ``host`` (wall minus waits), ``waited``, and the
-        device's ``forward``, ``sampling`` and ``device`` (their sum)."""
+        """Milliseconds per step, as means over all steps, over the decode steps
+        and over the decode steps at full batch: ``wall``, ``host`` (wall
+        minus waits), ``waited``, and the spans ``forward``, ``sampling`` and
+        ``device`` (their sum; on a GPU an upper bound on the device's busy
+        time in them, see the module's docstring)."""
         if self.cuda:
             torch.cuda.synchronize()
         rows = []
@@ -142,6 +189,25 @@ class StepClock:
                 "full_batch_decode_steps": means([r for r in decode if r["batch"] == full])}
 
 
+def device_busy_seconds(events) -> float | None:
+    """Seconds during which the device ran something (kernels, copies, memsets),
+    from a profiler's events (``prof.events()``): the union of the CUDA
+    events' time ranges, so that overlapping work counts once. None without
+    CUDA events (a CPU run, or a profiler without CUDA activity)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if getattr(e, "device_type", None) is not None
+                   and e.device_type.name == "CUDA")  # fmt: skip
+    if not spans:
+        return None
+    busy, (start, end) = 0.0, spans[0]
+    for s, e in spans[1:]:
+        if s > end:
+            busy, start, end = busy + end - start, s, e
+        else:
+            end = max(end, e)
+    return (busy + end - start) / 1e6  # the profiler's microseconds
+
+
 def format_breakdown(b: dict) -> list[str]:
     """`StepClock.summary` as lines of text."""
     lines = []
@@ -161,12 +227,16 @@ def format_breakdown(b: dict) -> list[str]:
     return lines
 
 
-def profile_decode_steps(llm, requests, steps: int = 20, path=None) -> str:
+def profile_decode_steps(llm, requests, steps: int = 20, path=None) -> dict:
     """Serve ``requests`` (``(prompt, SamplingParams)`` pairs) on ``llm`` until
     every step is a decode step, profile the next ``steps`` steps with
-    `torch.profiler`, abort what is left, and return the profiler's table of
-    operations (sorted by the device's time on a GPU, the CPU's otherwise);
-    write it to ``path`` too if given."""
+    `torch.profiler`, abort what is left. Returns ``table``, the profiler's
+    table of operations (sorted by the device's time on a GPU, the CPU's
+    otherwise; written to ``path`` too if given), the ``batch``, and per step,
+    in milliseconds: ``wall_ms`` (under the profiler, which slows the host)
+    and, on a GPU, ``busy_ms`` (`device_busy_seconds`: the device running
+    anything). Idle time is a wall time minus ``busy_ms``; the wall time to
+    take is an unprofiled one at the same batch (`StepClock`)."""
     from torch.profiler import ProfilerActivity, profile
 
     ids = [f"profile-{i}" for i in range(len(requests))]
@@ -182,10 +252,12 @@ def profile_decode_steps(llm, requests, steps: int = 20, path=None) -> str:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         batch = len(llm.last_plan.seqs)
         with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
             for _ in range(steps):
                 llm.step()
             if cuda:
                 torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
     finally:
         llm.abort_request(ids)
         while llm.has_unfinished_requests():
@@ -197,7 +269,9 @@ def profile_decode_steps(llm, requests, steps: int = 20, path=None) -> str:
         from pathlib import Path
 
         Path(path).write_text(table + "\n")
-    return table
+    busy = device_busy_seconds(prof.events()) if cuda else None
+    return {"table": table, "steps": steps, "batch": batch, "wall_ms": 1e3 * wall / steps,
+            "busy_ms": None if busy is None else 1e3 * busy / steps}  # fmt: skip
 
 
 def step_ops(llm) -> collections.Counter[str]:
