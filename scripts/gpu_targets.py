@@ -47,10 +47,7 @@ import math
 import sys
 from pathlib import Path
 
-#: Issue 52's goals for `bench nanovllm`, as a fraction of the run's own
-#: physical floor on whatever card runs it: above what the published A800 runs
-#: of vLLM and nano-vllm's Triton port reach of the same floor (chapter 10).
-NANOVLLM_FLOOR_GOALS = {"Qwen3-0.6B": 0.65, "Qwen2.5-0.5B": 0.30}
+from pagedkv_lab.bench.nanovllm import FLOOR_GOALS as NANOVLLM_FLOOR_GOALS  # noqa: E402
 
 
 def _read_json(path: Path) -> dict | None:

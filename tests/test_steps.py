@@ -97,3 +97,16 @@ def test_compare_modes_alternates_in_one_process_with_the_order_reversed():
     assert seen == [True, True, False, False, True, True, False]
     assert out["async_over_sync"]["median"] == 2.0 and out["sync"]["min"] == 100.0
     assert engine.async_scheduling is True  # put back as it was
+
+
+def test_step_over_floor_measures_decode_steps_against_their_bytes():
+    """The decode steps at the largest batch, their wall time over the bytes
+    they read at the copy bandwidth (no timing is asserted)."""
+    from pagedkv_lab.bench.steps import step_over_floor
+
+    llm = LLM("tiny-llama", kv_cache_memory=2**22, max_model_len=64, seed=0)
+    params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)] * 3
+    r = step_over_floor(llm, [[1, 5, 6], [1, 7], [1, 9, 9, 9]], params)
+    assert r["batch"] == 3 and r["steps"] >= 4 and r["floor_ms"] > 0
+    assert r["ratio"] == r["step_ms"] / r["floor_ms"]
+    assert not llm.has_unfinished_requests()

@@ -44,6 +44,12 @@ import torch
 #: Output tokens of nano-vllm's workload: the count in its README's table.
 NANOVLLM_OUTPUT_TOKENS = 133_966
 
+#: Issue 52's goals for this engine's run of the benchmark, as a fraction of the
+#: run's own physical floor (`serve_timed`), on whatever card runs it: above what
+#: the published A800 runs of vLLM 0.10.2 and nano-vllm's Triton port reach of
+#: the same floor taken to an A800 (chapter 10 computes those fractions).
+FLOOR_GOALS = {"Qwen3-0.6B": 0.65, "Qwen2.5-0.5B": 0.30}
+
 
 def nanovllm_workload(
     num_seqs: int = 256,

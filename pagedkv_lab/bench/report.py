@@ -25,6 +25,7 @@ the device (`device.by_device`); ``quick=True`` shrinks them for a CPU smoke run
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -289,10 +290,13 @@ def serve_section_steps(
     repeats: int = 3,
     workloads=("w1", "w2", "w3-prefix", "w1-pressure"),
     systems=SYSTEMS,
+    warmup_requests: int | None = None,
 ) -> dict[str, dict[str, int]]:
     """The forward passes `serve_section` runs, per workload and system (the
     warm-up, one untimed pass of the workload, and ``repeats`` rounds),
-    counted without a model by `bench.serve.count_steps`."""
+    counted without a model by `bench.serve.count_steps`. ``warmup_requests``
+    counts an older warm-up instead, as `serve_benchmark` takes it: the first
+    ``n`` requests with outputs cut to 16 tokens."""
     from .serve import count_steps
 
     steps = {}
@@ -304,7 +308,14 @@ def serve_section_steps(
             budget_requests=w["budget_requests"],
             systems=w["systems"],
         )
-        steps[name] = {s: (1 + repeats) * rounds[s] for s in w["systems"]}
+        if warmup_requests is None:
+            warm = rounds
+        else:
+            cut = [dataclasses.replace(r, output_len=min(16, r.output_len))
+                   for r in w["requests"][:warmup_requests]]  # fmt: skip
+            warm = count_steps(cut, max_model_len=max_model_len,
+                               budget_requests=w["budget_requests"], systems=w["systems"])
+        steps[name] = {s: warm[s] + repeats * rounds[s] for s in w["systems"]}
     return steps
 
 
@@ -688,6 +699,7 @@ def blocks_section(
                 "throughput_vs_ref": seconds[ref] / seconds[bs],
                 "ratio_min": min(per_round),
                 "ratio_max": max(per_round),
+                "per_round": per_round,
                 "rounds": len(per_round),
                 "tok_per_s": sum(map(len, tokens[bs])) / seconds[bs],
                 "unfilled_share": f["reserved"] + f["internal"],

@@ -208,6 +208,42 @@ def device_busy_seconds(events) -> float | None:
     return (busy + end - start) / 1e6  # the profiler's microseconds
 
 
+def step_over_floor(llm, prompts, params) -> dict:
+    """Serve ``prompts`` (with ``params``) on ``llm``, timing every step, and
+    compare its decode steps at their largest batch with their physical floor:
+    the bytes such a step must read (every weight but the input embedding, and
+    every sequence's K/V) over the copy bandwidth measured on the device now.
+    Returns ``step_ms`` and ``floor_ms`` (medians over those steps), their
+    ``ratio``, the ``batch`` and the ``steps`` counted. A step within a small
+    multiple of its floor spends most of its time reading memory (chapter 11's
+    gate for claims about serving at scale, `claims.memory_bound`)."""
+    from ..kvmath import KVSpec
+    from .nanovllm import weight_bytes_per_step
+    from .report import copy_bandwidth
+
+    bandwidth = copy_bandwidth(llm.runner.device)
+    weights = weight_bytes_per_step(llm.model)
+    per_token = KVSpec.from_config(llm.model.config, llm.model.dtype).bytes_per_token
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        llm.add_request(f"floor-{i}", prompt, p)
+    rows = []
+    while llm.has_unfinished_requests():
+        start = time.perf_counter()
+        llm.step()
+        wall = time.perf_counter() - start
+        plan = llm.last_plan
+        if plan is not None and plan.decode_only:
+            kv = sum(seq.num_computed_tokens for seq in plan.seqs)
+            rows.append((len(plan.seqs), wall, (weights + kv * per_token) / bandwidth))
+    if not rows:
+        raise ValueError("no decode step: ask for more than one token")
+    batch = max(r[0] for r in rows)
+    full = [r for r in rows if r[0] == batch]
+    step, floor = (statistics.median(r[k] for r in full) for k in (1, 2))
+    return {"step_ms": 1e3 * step, "floor_ms": 1e3 * floor, "ratio": step / floor,
+            "batch": batch, "steps": len(full)}  # fmt: skip
+
+
 def format_breakdown(b: dict) -> list[str]:
     """`StepClock.summary` as lines of text."""
     lines = []
