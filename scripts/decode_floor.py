@@ -106,6 +106,9 @@ def time_ours(model, tokenizer, prompts, new_tokens, kv_bytes, eager,
     info = {"fused_step": fused_step(llm.runner)}
     if hasattr(llm.runner, "capture_all"):
         torch.cuda.synchronize()
+        # a capture empties the allocator's cache first (torch.cuda.graph does):
+        # empty it before the baseline too, or the pool's size comes out negative
+        torch.cuda.empty_cache()
         reserved, t0 = torch.cuda.memory_reserved(), time.perf_counter()
         llm.runner.capture_all()
         info["capture_s"] = time.perf_counter() - t0
