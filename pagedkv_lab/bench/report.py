@@ -430,8 +430,8 @@ def rate_section(
     against request rate, Poisson arrivals, for this engine paged and with
     max-length reservation (chapter 02's scheme, what Orca (Max) does), one KV
     budget. Rates are multiples (``loads``) of the paged engine's offline
-    throughput in requests per second, measured first, after one untimed
-    pass of the same requests (the warm-up).
+    throughput in requests per second, measured first (the median of three
+    passes, after one untimed pass of the same requests, the warm-up).
 
     ``seed`` draws the trace; each of ``seeds`` (default: ``seed`` alone) draws
     one set of arrivals, replayed by both systems in turn (their order
@@ -458,9 +458,12 @@ def rate_section(
 
     warm = engine(False)
     warm.generate(prompts, params, use_tqdm=False)  # the warm-up: the whole trace
-    t0 = time.perf_counter()
-    warm.generate(prompts, params, use_tqdm=False)
-    capacity = n / (time.perf_counter() - t0)
+    passes = []  # three timed passes: one disturbed pass does not move a median of three
+    for _ in range(3):
+        t0 = time.perf_counter()
+        warm.generate(prompts, params, use_tqdm=False)
+        passes.append(time.perf_counter() - t0)
+    capacity = n / statistics.median(passes)
     systems = (("pagedkv", False), ("max-length reservation", True))
     runs = []
     for load in loads:
@@ -519,8 +522,8 @@ def rate_section_steps(
     seed: int = 0,
 ) -> int:
     """An estimate of `rate_section`'s forward passes, in steps of about one
-    cost, counted without a model (`bench.serve.count_steps`): the capacity
-    run of the paged engine and its warm-up (the same trace), then for each load, seed and
+    cost, counted without a model (`bench.serve.count_steps`): the three
+    capacity runs of the paged engine and its warm-up (the same trace), then for each load, seed and
     system a replay counted as the arrivals' span (the paged engine's offline
     steps over the load: the rate is ``load`` times its capacity) plus the
     system's own offline steps. A replay overlaps the two, so this counts
@@ -540,7 +543,7 @@ def rate_section_steps(
     per_seed = sum(
         offline["pagedkv"] / load + offline[system] for load in loads for system in offline
     )
-    return round(warm + offline["pagedkv"] + len(seeds) * per_seed)
+    return round(warm + 3 * offline["pagedkv"] + len(seeds) * per_seed)
 
 
 def blocks_section_steps(
