@@ -50,7 +50,7 @@ MOVED = {
     "prefix_cache": "engine.prefix_cache", "scheduler": "engine.scheduler",
     "preemption": "engine.scheduler (and engine.swap)", "groups": "engine.groups",
     "fused": "engine.fused", "graphs": "engine.graphs", "sampling": "engine.sampler",
-    "stats": "engine.core",
+    "stats": "engine.core", "compare": "bench.compare",
 }  # fmt: skip
 
 

@@ -38,8 +38,8 @@ def free_port() -> int:
 
 def expected(rows: int, step: int) -> tuple[int, int]:
     """The simulator's K/V slots and pool size for chapter 02's trace."""
-    from pagedkv_lab.sim.contiguous import ContiguousPool
     from pagedkv_lab.course.traces import w1_requests
+    from pagedkv_lab.sim.contiguous import ContiguousPool
     from pagedkv_lab.sim.workloads import simulate
 
     result = simulate(w1_requests(), ContiguousPool(rows * 2048, 2048, "max", "buddy"))

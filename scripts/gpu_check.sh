@@ -14,15 +14,18 @@
 #
 # Into the report folder:
 #   versions.txt, nvidia-smi.txt  the machine and the software
-#   nanovllm/MODEL[-sync].json/.txt  python -m pagedkv_lab.bench nanovllm (its default
-#                                 run, one step in flight on a GPU, with the step
-#                                 breakdown; -sync: --no-async-scheduling, to compare)
+#   nanovllm/MODEL.json/.txt      python -m pagedkv_lab.bench nanovllm (its default run, one
+#                                 step in flight on a GPU, the step breakdown, and the
+#                                 device's busy and idle time from torch.profiler)
+#   nanovllm/MODEL-async.*        --compare-async: one step in flight against none in one
+#                                 process, after an untimed pass, 3 alternating rounds
+#   nanovllm/MODEL-greedy.*       --temperature 0: the same run without the sampler's draws
 #   nanovllm/profile-MODEL.txt    torch.profiler table of 20 decode steps at full batch
 #   pytest.txt, pytest.xml        tests/test_gpu.py and tests/test_attention.py compiled,
 #                                 the exhaustive gpu_sweep cases left out (step tests-sweep
 #                                 runs them)
 #   decode/, decode.txt           scripts/decode_floor.py (the engine's decode step against
-#                                 the physical floor; tokens judged by pagedkv_lab.compare)
+#                                 the physical floor; tokens judged by pagedkv_lab.bench.compare)
 #   kernels/, kernels.txt         scripts/kernel_ladder.py --sections prefill-kernel prefill
 #   notebooks/NN_*.ipynb, .log    every chapter executed with GPU sizes (copies), each cell's
 #                                 seconds in the log; notebooks-t4/: chapters 04b, 04c, 05, 10
@@ -58,8 +61,8 @@ case "$BUDGET" in ''|*[!0-9]*) [ -z "$BUDGET" ] || { echo "--budget takes second
 
 ALL_CHAPTERS="00 01 02 03 04 05 06 07 08 09 10 11"
 CHAPTERS="${CHAPTERS:-$ALL_CHAPTERS}"
-EMULATED_CHAPTERS="04b 04c 05 10"  # the chapters with 16-bit GPU paths
-STEPS="${STEPS:-versions nanovllm tests decode kernels nanovllm-sync notebooks emulate ladder bench tests-sweep}"
+EMULATED_CHAPTERS="04b 04c 05 10"  # the chapters with 16-bit GPU paths (05: 05a and 05b)
+STEPS="${STEPS:-versions nanovllm tests decode kernels notebooks emulate nanovllm-async nanovllm-greedy ladder bench tests-sweep}"
 wants() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 OUT="${OUT:-gpu-report}"
 if [ -z "${PY:-}" ]; then
@@ -79,14 +82,15 @@ plan() { PLAN+=("$1|$2|$3"); }
 wants versions && plan "versions" 10 versions
 if wants nanovllm; then
   plan "bench nanovllm Qwen3-0.6B" 30 "nanovllm Qwen3-0.6B --profile $OUT/nanovllm/profile-Qwen3-0.6B.txt"
-  plan "bench nanovllm Qwen2.5-0.5B" 25 "nanovllm Qwen2.5-0.5B"
+  plan "bench nanovllm Qwen2.5-0.5B" 25 "nanovllm Qwen2.5-0.5B --profile $OUT/nanovllm/profile-Qwen2.5-0.5B.txt"
 fi
 wants tests && plan "pytest test_gpu + test_attention" 90 tests
 wants decode && plan "decode floor" 50 decode
 wants kernels && plan "kernel prefill" 25 kernels
 chapter_seconds() {  # estimates for an H100, each at most CHAPTER_TIMEOUT
-  # 04a-04d share the 25 s chapter 04 was estimated at before its split
-  case "$1" in 04a) echo 4 ;; 04b|04c) echo 8 ;; 04d) echo 5 ;;
+  # 04a-04d share the 25 s chapter 04 was estimated at before its split, 05a-05b
+  # the 25 s of chapter 05
+  case "$1" in 04a) echo 4 ;; 04b|04c) echo 8 ;; 04d) echo 5 ;; 05a) echo 10 ;; 05b) echo 15 ;;
     00|01|07) echo 10 ;; 02|03|08) echo 12 ;; 05|06|09) echo 25 ;; *) echo 40 ;; esac
 }
 if wants notebooks; then
@@ -105,12 +109,14 @@ if [ -n "$EMULATE" ] && wants emulate; then
   done
 fi
 # Beyond the 8-minute check: run when the budget allows, or on their own.
-wants nanovllm-sync && plan "bench nanovllm Qwen3-0.6B sync" 30 "nanovllm Qwen3-0.6B --no-async-scheduling"
+# one process: the published run, an untimed pass, then 3 rounds of each mode (about 7 passes)
+wants nanovllm-async && plan "bench nanovllm Qwen3-0.6B async vs sync" 180 "nanovllm Qwen3-0.6B --compare-async"
+wants nanovllm-greedy && plan "bench nanovllm Qwen3-0.6B greedy" 35 "nanovllm Qwen3-0.6B --temperature 0"
 wants ladder && plan "kernel ladder" 300 ladder
 wants bench && plan "bench all" 400 bench
 wants tests-sweep && plan "pytest gpu_sweep" 360 tests-sweep
 # The steps "every step passed" requires: all but the optional ones.
-OPTIONAL="bench nanovllm Qwen3-0.6B sync|kernel ladder|bench all|pytest gpu_sweep"
+OPTIONAL="bench nanovllm Qwen3-0.6B async vs sync|bench nanovllm Qwen3-0.6B greedy|kernel ladder|bench all|pytest gpu_sweep"
 BUDGETED=()
 for entry in "${PLAN[@]}"; do
   name=${entry%%|*}
@@ -211,7 +217,11 @@ for entry in "${PLAN[@]}"; do
       run_step "$name" "$OUT/versions.txt" "$limit" "$PY" -c "$VERSIONS" ;;
     nanovllm)
       model=$1; shift
-      tag=$model; [ "${1:-}" = "--no-async-scheduling" ] && tag="$model-sync"
+      tag=$model
+      case " $* " in
+        *" --compare-async "*) tag="$model-async" ;;
+        *" --temperature 0 "*) tag="$model-greedy" ;;
+      esac
       run_step "$name" "$OUT/nanovllm/$tag.txt" "$limit" \
         "$PY" -m pagedkv_lab.bench nanovllm --model "$model" --no-peers "$@" \
         --json "$OUT/nanovllm/$tag.json" ;;

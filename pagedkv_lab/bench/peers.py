@@ -34,7 +34,7 @@ class _HFStaticRunner:
         from pagedkv_lab.models import load_model
 
         self.setup = setup
-        self.model, _ = load_model(setup.model_name, device=setup.device)
+        self.model, _ = load_model(setup.model_name, device=setup.device, dtype=setup.dtype)
 
     @torch.inference_mode()
     def run(self, prompts: list[list[int]], max_tokens: list[int]) -> dict:
@@ -83,6 +83,10 @@ class _HFStaticRunner:
             wall, tokens, None, None, peak, batch_sizes=[len(b) for b in batches]
         )
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
     def close(self) -> None:
         del self.model
 
@@ -129,7 +133,7 @@ class _HFContinuousRunner:
         from pagedkv_lab.models import load_model
 
         self.block_size = setup.block_size
-        self.model, _ = load_model(setup.model_name, device=setup.device)
+        self.model, _ = load_model(setup.model_name, device=setup.device, dtype=setup.dtype)
         self._generation = GenerationConfig(
             max_new_tokens=setup.max_model_len,
             do_sample=False,
@@ -238,6 +242,10 @@ class _HFContinuousRunner:
             self.peak,
         )
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
     def close(self) -> None:
         """Stop the thread if it runs and drop the kept manager."""
         if self.manager is not None and self.manager.is_running():
@@ -323,7 +331,8 @@ class _VLLMRunner:
                 "enable_prefix_caching": setup.prefix_caching,
                 # the offline models are fp32 checkpoints served in fp32 by us;
                 # vLLM's "auto" would serve them in 16 bits
-                "dtype": "float32" if setup.model_name in OFFLINE_MODELS else "auto",
+                "dtype": str(setup.dtype).removeprefix("torch.") if setup.dtype else
+                "float32" if setup.model_name in OFFLINE_MODELS else "auto",
             }
         )
         # bytes per block of vLLM's own cache tensors

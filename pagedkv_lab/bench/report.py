@@ -37,10 +37,11 @@ from pathlib import Path
 import torch
 
 from pagedkv_lab.bench.common import SYSTEMS, _prompt_ids, cpu_model, scaled_chat_trace
+from pagedkv_lab.bench.compare import engine_logprobs
 from pagedkv_lab.bench.kernel import kernel_benchmark
 from pagedkv_lab.bench.peers import find_vllm_python
-from pagedkv_lab.bench.serve import serve_benchmark
-from pagedkv_lab.bench.timing import time_call, time_calls, trace
+from pagedkv_lab.bench.serve import Outputs, serve_benchmark
+from pagedkv_lab.bench.timing import time_call, time_rounds, trace
 from pagedkv_lab.device import by_device, device_report
 from pagedkv_lab.sampling_params import SamplingParams
 
@@ -63,16 +64,18 @@ def kernel_section(
     context_lens=None,
     block_sizes=BLOCK_SIZES,
     repeats: int | None = None,
+    dtypes=None,
 ) -> dict:
-    """S1 and the bandwidth ceiling: `bench.kernel_benchmark` over the grid,
-    each row's achieved bandwidth beside the copy bandwidth; then one shape
-    timed at every block size."""
+    """S1 and the bandwidth ceiling: `bench.kernel_benchmark` over the grid in
+    each of ``dtypes`` (default: fp32 on a CPU, fp16 and bf16 on a GPU), each
+    row's achieved bandwidth beside the copy bandwidth; then one shape timed at
+    every block size, in the first of ``dtypes``."""
     batch_sizes = batch_sizes or by_device((1, 8, 32), (1, 8, 64, 256), device)
     context_lens = context_lens or by_device(
         (128, 512, 2048, 4096), (128, 1024, 4096, 16384, 32768), device
     )
     repeats = repeats or by_device(9, 30, device)
-    dtypes = by_device((torch.float32,), (torch.float16, torch.bfloat16), device)
+    dtypes = dtypes or by_device((torch.float32,), (torch.float16, torch.bfloat16), device)
     rows = []
     for dtype in dtypes:
         for row in kernel_benchmark(
@@ -89,7 +92,8 @@ def kernel_section(
     shape["context_lens"] = (context_lens[-2] if len(context_lens) > 1 else 1024,)
     by_block = []
     for bs in block_sizes:
-        (r,) = kernel_benchmark(device, block_size=bs, repeats=repeats, **shape)
+        (r,) = kernel_benchmark(device, block_size=bs, repeats=repeats, dtype=dtypes[0],
+                                **shape)  # fmt: skip
         by_block.append({"block_size": bs, **r})
     return {"rows": rows, "copy_GBps": copy / 1e9, "by_block": by_block}
 
@@ -201,10 +205,13 @@ def serve_section(
     workloads=("w1", "w2", "w3-prefix", "w1-pressure"),
     progress: Callable | None = None,
     include_vllm: bool = True,
+    dtype: torch.dtype | None = None,
 ) -> dict:
     """`bench.serve_benchmark` on each workload (`serve_workload`), every
-    system, one KV budget per workload. vLLM joins when `bench.find_vllm_python`
-    finds it (and ``include_vllm``)."""
+    system, one KV budget per workload, the weights in ``dtype`` (None: as
+    `load_model` loads them on ``device``); every system's tokens judged
+    (`judge_outputs`). vLLM joins when `bench.find_vllm_python` finds it (and
+    ``include_vllm``)."""
     # a 30M model is launch-bound on any GPU: a real shape there (random weights)
     model = model or by_device("small-llama", "Qwen2.5-0.5B", device)
     n = num_requests or by_device(32, 512, device)
@@ -226,6 +233,7 @@ def serve_section(
             vllm_python=vllm_python,
             prompts=prompts,
             prefix_caching=w["prefix_caching"],
+            dtype=dtype,
         )
         max_tokens = [r.output_len for r in w["requests"]]
         judged = judge_outputs(outputs, max_tokens, prompts, model, device)
@@ -246,24 +254,31 @@ def serve_section(
 
 def judge_outputs(outputs: dict, max_tokens, prompts, model, device, base=None) -> dict:
     """Every system's tokens against ``base``'s (the first system's by default;
-    `compare.compare_systems`): exactly in float32; in 16-bit by vLLM's rule,
-    judged by ``model`` (a name, loaded once in the library's dtype, or a
-    loaded model), only if some request differs."""
-    from pagedkv_lab.compare import compare_systems
+    `compare.compare_systems`): identical in float32; in 16 bits, judged
+    against ``model``'s own float32 forward pass at every position (a name,
+    loaded once in the systems' dtype, or a loaded model), with each system's
+    teacher-forced scores where `serve_benchmark` collected them
+    (`serve.Outputs`). The dtype is the outputs' (`serve.Outputs.dtype`), else
+    the loaded model's, else the library's for ``device``."""
+    from pagedkv_lab.bench.compare import compare_systems, float32_copy
     from pagedkv_lab.device import default_dtype
     from pagedkv_lab.models import load_model
 
-    exact = default_dtype(device) == torch.float32
-    first = outputs[base] if base is not None else next(iter(outputs.values()))
-    differ = any(o != first for o in outputs.values())
-    judge = None
-    if differ and not exact:
-        judge = load_model(model, device=device)[0] if isinstance(model, str) else model
+    dtype = getattr(outputs, "dtype", None)
+    if dtype is None:
+        dtype = default_dtype(device) if isinstance(model, str) else model.dtype
+    if dtype == torch.float32:
+        return compare_systems(outputs, max_tokens, base=base, exact=True)
+    judge = load_model(model, device=device, dtype=dtype)[0] if isinstance(model, str) else model
+    reference32 = float32_copy(judge)
     try:
-        return compare_systems(outputs, max_tokens, base=base, exact=exact,
-                               model=judge, prompts=prompts)  # fmt: skip
+        return compare_systems(
+            outputs, max_tokens, base=base, exact=False, model=judge, prompts=prompts,
+            scores=getattr(outputs, "scores", None),
+            forced_by=getattr(outputs, "forced_by", None), reference32=reference32,
+        )  # fmt: skip
     finally:
-        del judge
+        del judge, reference32
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -275,10 +290,13 @@ def serve_section_steps(
     repeats: int = 3,
     workloads=("w1", "w2", "w3-prefix", "w1-pressure"),
     systems=SYSTEMS,
+    warmup_requests: int | None = None,
 ) -> dict[str, dict[str, int]]:
     """The forward passes `serve_section` runs, per workload and system (the
-    warm-up's and ``repeats`` rounds'), counted without a model by
-    `bench.serve.count_steps`."""
+    warm-up, one untimed pass of the workload, and ``repeats`` rounds),
+    counted without a model by `bench.serve.count_steps`. ``warmup_requests``
+    counts an older warm-up instead, as `serve_benchmark` takes it: the first
+    ``n`` requests with outputs cut to 16 tokens."""
     from pagedkv_lab.bench.serve import count_steps
 
     steps = {}
@@ -290,12 +308,13 @@ def serve_section_steps(
             budget_requests=w["budget_requests"],
             systems=w["systems"],
         )
-        warm = count_steps(
-            [dataclasses.replace(r, output_len=min(16, r.output_len)) for r in w["requests"][:2]],
-            max_model_len=max_model_len,
-            budget_requests=w["budget_requests"],
-            systems=w["systems"],
-        )
+        if warmup_requests is None:
+            warm = rounds
+        else:
+            cut = [dataclasses.replace(r, output_len=min(16, r.output_len))
+                   for r in w["requests"][:warmup_requests]]  # fmt: skip
+            warm = count_steps(cut, max_model_len=max_model_len,
+                               budget_requests=w["budget_requests"], systems=w["systems"])
         steps[name] = {s: warm[s] + repeats * rounds[s] for s in w["systems"]}
     return steps
 
@@ -358,15 +377,17 @@ def _engine_workload(
     max_model_len: int,
     budget_requests: int,
     seed: int,
+    dtype: torch.dtype | None = None,
 ):
-    """What `rate_section` and `blocks_section` serve: the loaded model, a W1
-    trace as greedy token-id requests (EOS ignored), and the KV budget in bytes
-    for ``budget_requests`` full-length requests."""
+    """What `rate_section` and `blocks_section` serve: the loaded model (in
+    ``dtype``; None: as `load_model` loads it on ``device``), a W1 trace as
+    greedy token-id requests (EOS ignored), and the KV budget in bytes for
+    ``budget_requests`` full-length requests."""
     from pagedkv_lab.kvmath import KVSpec
     from pagedkv_lab.models import load_model
 
     name = model or by_device("tiny-llama", "small-llama", device)
-    pair = load_model(name, device=device)
+    pair = load_model(name, device=device, dtype=dtype)
     requests = scaled_chat_trace(num_requests, max_model_len, seed=seed)
     params = [
         SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
@@ -403,12 +424,14 @@ def rate_section(
     seed: int = 0,
     progress: Callable | None = None,
     seeds=None,
+    dtype: torch.dtype | None = None,
 ) -> dict:
     """Normalised latency (seconds per output token, mean over requests)
     against request rate, Poisson arrivals, for this engine paged and with
     max-length reservation (chapter 02's scheme, what Orca (Max) does), one KV
     budget. Rates are multiples (``loads``) of the paged engine's offline
-    throughput in requests per second, measured first.
+    throughput in requests per second, measured first (the median of three
+    passes, after one untimed pass of the same requests, the warm-up).
 
     ``seed`` draws the trace; each of ``seeds`` (default: ``seed`` alone) draws
     one set of arrivals, replayed by both systems in turn (their order
@@ -422,7 +445,7 @@ def rate_section(
     max_model_len = max_model_len or by_device(128, 512, device)
     seeds = tuple(seeds) if seeds is not None else (seed,)
     name, pair, prompts, params, budget = _engine_workload(
-        model, device, n, max_model_len, budget_requests, seed
+        model, device, n, max_model_len, budget_requests, seed, dtype
     )
 
     def engine(reserve: bool):
@@ -434,10 +457,13 @@ def rate_section(
         )
 
     warm = engine(False)
-    warm.generate(prompts[:2], params[:2], use_tqdm=False)
-    t0 = time.perf_counter()
-    warm.generate(prompts, params, use_tqdm=False)
-    capacity = n / (time.perf_counter() - t0)
+    warm.generate(prompts, params, use_tqdm=False)  # the warm-up: the whole trace
+    passes = []  # three timed passes: one disturbed pass does not move a median of three
+    for _ in range(3):
+        t0 = time.perf_counter()
+        warm.generate(prompts, params, use_tqdm=False)
+        passes.append(time.perf_counter() - t0)
+    capacity = n / statistics.median(passes)
     systems = (("pagedkv", False), ("max-length reservation", True))
     runs = []
     for load in loads:
@@ -496,8 +522,8 @@ def rate_section_steps(
     seed: int = 0,
 ) -> int:
     """An estimate of `rate_section`'s forward passes, in steps of about one
-    cost, counted without a model (`bench.serve.count_steps`): the capacity
-    run of the paged engine and its warm-up, then for each load, seed and
+    cost, counted without a model (`bench.serve.count_steps`): the three
+    capacity runs of the paged engine and its warm-up (the same trace), then for each load, seed and
     system a replay counted as the arrivals' span (the paged engine's offline
     steps over the load: the rate is ``load`` times its capacity) plus the
     system's own offline steps. A replay overlaps the two, so this counts
@@ -513,11 +539,11 @@ def rate_section_steps(
         budget_requests=budget_requests,
         systems=("pagedkv", "contiguous"),
     )
-    warm = sum(min(16, r.output_len) for r in requests[:2])
+    warm = offline["pagedkv"]
     per_seed = sum(
         offline["pagedkv"] / load + offline[system] for load in loads for system in offline
     )
-    return round(warm + offline["pagedkv"] + len(seeds) * per_seed)
+    return round(warm + 3 * offline["pagedkv"] + len(seeds) * per_seed)
 
 
 def blocks_section_steps(
@@ -572,9 +598,9 @@ def sustained_rate(rows: list[dict], system: str, bound_s: float) -> float | Non
 
 
 def plot_latency_vs_rate(rate: dict, path: str | None = None):
-    """Normalised latency against request rate, one curve per system: the
-    median over arrival seeds, with their range shaded where there are
-    several."""
+    """Normalised latency (milliseconds per output token, as the chapters
+    print it) against request rate, one curve per system: the median over
+    arrival seeds, with their range shaded where there are several."""
     import matplotlib.pyplot as plt
 
     from pagedkv_lab.course.plotting import SERIES, use_style
@@ -587,19 +613,19 @@ def plot_latency_vs_rate(rate: dict, path: str | None = None):
         xs = [r["rate_req_per_s"] for r in mine]
         seeds = mine[0].get("seeds", 1)
         label = system if seeds == 1 else f"{system}, median of {seeds} seeds"
-        ax.plot(xs, [r["normalized_latency_s"] for r in mine], "o-", color=color,
+        ax.plot(xs, [1e3 * r["normalized_latency_s"] for r in mine], "o-", color=color,
                 label=label)  # fmt: skip
         if seeds > 1:
             ax.fill_between(
                 xs,
-                [r["normalized_latency_min"] for r in mine],
-                [r["normalized_latency_max"] for r in mine],
+                [1e3 * r["normalized_latency_min"] for r in mine],
+                [1e3 * r["normalized_latency_max"] for r in mine],
                 color=color,
                 alpha=0.2,
                 lw=0,
             )
     ax.set_xlabel("request rate (req/s)")
-    ax.set_ylabel("normalised latency (s/token)")
+    ax.set_ylabel("normalised latency (ms/token)")
     ax.set_title(f"{rate['model']}, {rate['requests']} requests, Poisson arrivals")
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -618,18 +644,23 @@ def blocks_section(
     block_sizes=BLOCK_SIZES,
     repeats: int = 3,
     kernel: dict | None = None,
+    dtype: torch.dtype | None = None,
 ) -> dict:
     """S4 end to end: one engine per block size under one KV budget, served in
-    alternation (throughput relative to block 16, same tokens); memory waste
-    from chapter 03's simulator on a full-size W1 trace; kernel time by block
-    size from ``kernel`` (`kernel_section`) when given."""
+    alternating rounds after one untimed pass each (`timing.time_rounds`):
+    throughput relative to block 16 (``throughput_vs_ref``: on a GPU the median
+    over rounds of the ratio within each round, on a CPU the ratio of the
+    fastest rounds; ``ratio_min``/``ratio_max``: the per-round ratios' range),
+    every size's tokens judged against block 16's (`judge_outputs`); memory
+    waste from chapter 03's simulator on a full-size W1 trace; kernel time by
+    block size from ``kernel`` (`kernel_section`) when given."""
     from pagedkv_lab.llm import LLM
     from pagedkv_lab.sim.paged import PagedPool
     from pagedkv_lab.sim.workloads import chat_workload, simulate
 
     n = num_requests or by_device(16, 256, device)
     name, pair, prompts, params, budget = _engine_workload(
-        model, device, n, max_model_len, budget_requests, seed=4
+        model, device, n, max_model_len, budget_requests, seed=4, dtype=dtype
     )
     engines = {
         bs: LLM(
@@ -643,23 +674,36 @@ def blocks_section(
         outs = engines[bs].generate(prompts, params, use_tqdm=False)
         tokens[bs] = [o.token_ids for o in outs]
 
-    seconds = time_calls(
+    rounds = time_rounds(
         {bs: partial(serve, bs) for bs in block_sizes}, device, repeats, warmup=1
     )
+    pick = statistics.median if device.type == "cuda" else min
+    seconds = {bs: pick(t) for bs, t in rounds.items()}
     trace = chat_workload(400, seed=0, arrival_rate=1.0, max_model_len=2048)
     kernel_ms = {
         r["block_size"]: r["paged_ms"] for r in (kernel or {}).get("by_block", [])
     }
     ref = 16 if 16 in block_sizes else block_sizes[0]
     max_tokens = [p.max_tokens for p in params]
-    judged = judge_outputs(tokens, max_tokens, prompts, pair[0], device, base=ref)
+    outputs = Outputs(tokens)
+    outputs.dtype, outputs.scores, outputs.forced_by = pair[0].dtype, {}, {}
+    if pair[0].dtype != torch.float32:  # each engine scores block 16's tokens
+        for bs, llm in engines.items():
+            outputs.scores[bs] = engine_logprobs(llm, prompts, tokens[ref])
+            outputs.forced_by[bs] = "this engine's forward pass"
+    judged = judge_outputs(outputs, max_tokens, prompts, pair[0], device, base=ref)
     rows = []
     for bs in block_sizes:
         f = simulate(trace, PagedPool(16 * 2048 // bs, bs, 2048)).fractions()
+        per_round = [a / b for a, b in zip(rounds[ref], rounds[bs])]
         rows.append(
             {
                 "block_size": bs,
                 "throughput_vs_ref": seconds[ref] / seconds[bs],
+                "ratio_min": min(per_round),
+                "ratio_max": max(per_round),
+                "per_round": per_round,
+                "rounds": len(per_round),
                 "tok_per_s": sum(map(len, tokens[bs])) / seconds[bs],
                 "unfilled_share": f["reserved"] + f["internal"],
                 "kernel_ms": kernel_ms.get(bs),

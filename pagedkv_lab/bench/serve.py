@@ -41,7 +41,7 @@ class _OursRunner:
         self.name = "contiguous" if reserve else "pagedkv"
         self.block_size = setup.block_size
         # loaded as the transformers runners load it: same weights, same dtype
-        pair = load_model(setup.model_name, device=setup.device)
+        pair = load_model(setup.model_name, device=setup.device, dtype=setup.dtype)
         self.llm = LLM(
             pair,
             block_size=setup.block_size,
@@ -79,8 +79,32 @@ class _OursRunner:
             self.llm.stats.peak_blocks_used * self.block_bytes,
         )
 
+    def score(self, prompts: list[list[int]], outputs: list[list[int]]) -> list[list[float]]:
+        """This engine's teacher-forced log-probabilities of ``outputs``
+        (`compare.engine_logprobs`): its own runner, kernels and paged cache."""
+        from pagedkv_lab.bench.compare import engine_logprobs
+
+        return engine_logprobs(self.llm, prompts, outputs)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.llm.model.dtype
+
     def close(self) -> None:
         del self.llm
+
+
+class Outputs(dict):
+    """`serve_benchmark`'s tokens, by system (each system's first timed round),
+    with what `report.judge_outputs` needs to judge them: ``dtype``, the weights'
+    number format every system served in, and, in 16 bits, ``scores``: each
+    system's teacher-forced log-probabilities of the first system's tokens where
+    it can score a sequence (this engine: ``prompt_logprobs``), and
+    ``forced_by``, whose forward pass produced them."""
+
+    dtype: torch.dtype | None = None
+    scores: dict
+    forced_by: dict
 
 
 
@@ -147,7 +171,7 @@ def serve_benchmark(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int | None = None,
     repeats: int = 1,
-    warmup_requests: int = 2,
+    warmup_requests: int | None = None,
     threads: int | None = None,
     static_policy: str = "padded",
     vllm_python: str | None = None,
@@ -155,13 +179,17 @@ def serve_benchmark(
     vllm_modes: tuple[str, ...] = ("compile", "eager"),
     prompts: list[list[int]] | None = None,
     prefix_caching: bool = False,
-) -> tuple[list[dict], dict]:
+    dtype: torch.dtype | None = None,
+    score: bool | None = None,
+) -> tuple[list[dict], Outputs]:
     """Serve the same requests with each system, like for like; return summary rows and outputs.
 
-    Every system gets the same model weights, the same token-id requests (greedy,
-    EOS ignored, exactly ``output_len`` tokens each), the same warm-up (the first
-    ``warmup_requests`` requests of the trace, outputs cut to 16 tokens, served once
-    before timing), the same KV budget (``budget_requests * max_model_len`` tokens'
+    Every system gets the same model weights (in ``dtype``: None loads them as
+    `load_model` does on ``device``), the same token-id requests (greedy,
+    EOS ignored, exactly ``output_len`` tokens each), the same warm-up (by
+    default one untimed pass of the whole workload, so that no timed round
+    compiles, captures or allocates for the first time; ``warmup_requests=n``:
+    the first ``n`` requests, outputs cut to 16 tokens), the same KV budget (``budget_requests * max_model_len`` tokens'
     worth of bytes), the same per-step token budget (``max_num_batched_tokens``:
     transformers calls it ``max_batch_tokens``; ``generate`` has none, it prefills a
     whole batch at once), the same batch limit (``max_num_seqs``) and the same
@@ -187,7 +215,10 @@ def serve_benchmark(
     The systems run ``repeats`` rounds, alternating their order (ABC, CBA, ABC...);
     a row holds medians over rounds, and ``ratio`` is the median over rounds of its
     throughput over the first system's in the same round. The ``peak_kv_MiB``
-    column is `PEAK_KV`. ``outputs`` maps each system to its first round's tokens.
+    column is `PEAK_KV`. ``outputs`` (`Outputs`) maps each system to its first
+    round's tokens. With ``score`` (None: when the weights are 16-bit), each
+    system that can score a token sequence scores the first system's tokens
+    before it closes (`Outputs.scores`), for `report.judge_outputs`.
     """
     import gc
     import tempfile
@@ -206,8 +237,11 @@ def serve_benchmark(
     elif len(prompts) != len(requests):
         raise ValueError(f"{len(prompts)} prompts for {len(requests)} requests")
     max_tokens = [r.output_len for r in requests]
-    warm = slice(0, max(1, min(warmup_requests, len(requests))))
-    warm_prompts, warm_tokens = prompts[warm], [min(16, n) for n in max_tokens[warm]]
+    if warmup_requests is None:  # the whole workload, once, untimed
+        warm_prompts, warm_tokens = prompts, max_tokens
+    else:
+        warm = slice(0, max(1, min(warmup_requests, len(requests))))
+        warm_prompts, warm_tokens = prompts[warm], [min(16, n) for n in max_tokens[warm]]
     old_threads = torch.get_num_threads()
     threads = threads or old_threads
     torch.set_num_threads(threads)
@@ -222,6 +256,7 @@ def serve_benchmark(
         threads=threads,
         static_policy=static_policy,
         prefix_caching=prefix_caching,
+        dtype=dtype,
     )
     runners: list = []
     startup: list[float] = []  # per runner: seconds to start (load, pack, compile)
@@ -285,6 +320,16 @@ def serve_benchmark(
                 results[runner.name].append(runner.run(prompts, max_tokens))
                 seconds = results[runner.name][-1]["seconds"]
                 trace(f"serve {model_name}: {runner.name} round {round_}: {seconds:.1f} s")
+        outputs = Outputs({name: runs[0]["tokens"] for name, runs in results.items()})
+        outputs.dtype = next((r.dtype for r in runners if hasattr(r, "dtype")), dtype)
+        outputs.scores, outputs.forced_by = {}, {}
+        if score is None:
+            score = outputs.dtype not in (None, torch.float32)
+        reference = outputs[runners[0].name]
+        for runner in runners if score else ():
+            if hasattr(runner, "score"):
+                outputs.scores[runner.name] = runner.score(prompts, reference)
+                outputs.forced_by[runner.name] = "this engine's forward pass"
     finally:
         for runner in runners:
             runner.close()
@@ -300,7 +345,6 @@ def serve_benchmark(
             row["versions"] = {
                 k: runner.info[k] for k in ("vllm", "torch", "transformers")
             }
-    outputs = {name: runs[0]["tokens"] for name, runs in results.items()}
     return rows, outputs
 
 

@@ -28,26 +28,22 @@ def _graph_replay(fn: Callable[[], object]) -> Callable[[], object]:
     return graph.replay
 
 
-def time_calls(
+def time_rounds(
     fns: dict[str, Callable[[], object]],
     device: torch.device,
     repeats: int = 20,
     warmup: int = 3,
     graphs: Collection[str] = (),
-) -> dict[str, float]:
-    """Seconds per call of each function, timed in alternation.
-
-    Every round calls each function once, so drift in the machine's load (other
-    processes, clock changes) falls on all of them alike. On a GPU each call is
-    timed with CUDA events after an L2 flush, as ``triton.testing.do_bench``
-    does, and the median is returned; the functions named in ``graphs`` are
-    captured in a CUDA graph and their replays timed, which leaves out the
-    host's launch overhead (the engine replays its decode steps so). On a CPU
-    calls are timed with ``perf_counter`` and the minimum is returned: other
-    processes on a shared machine only ever add time (a thread of a parallel
-    region that loses its core stalls the whole region), so the fastest round
-    is the least disturbed.
-    """
+) -> dict[str, list[float]]:
+    """Seconds of every call of each function, round by round, timed in
+    alternation: every round calls each function once, the order reversed
+    every other round (ABC, CBA, ABC...), so that drift in the machine's load
+    (other processes, clock changes) falls on all of them alike and none is
+    always first. On a GPU each call is timed with CUDA events after an L2
+    flush, as ``triton.testing.do_bench`` does; the functions named in
+    ``graphs`` are captured in a CUDA graph and their replays timed, which
+    leaves out the host's launch overhead (the engine replays its decode steps
+    so). On a CPU calls are timed with ``perf_counter``."""
     if device.type == "cuda":
         fns = {k: _graph_replay(f) if k in graphs else f for k, f in fns.items()}
     for fn in fns.values():
@@ -55,8 +51,10 @@ def time_calls(
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     cuda = device.type == "cuda"
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    order = list(fns)
+    for r in range(repeats):
+        for name in order if r % 2 == 0 else order[::-1]:
+            fn = fns[name]
             if cuda:
                 _l2_flush_buffer(device).zero_()
                 start = torch.cuda.Event(enable_timing=True)
@@ -70,7 +68,25 @@ def time_calls(
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
-    pick = statistics.median if cuda else min
+    return times
+
+
+def time_calls(
+    fns: dict[str, Callable[[], object]],
+    device: torch.device,
+    repeats: int = 20,
+    warmup: int = 3,
+    graphs: Collection[str] = (),
+) -> dict[str, float]:
+    """Seconds per call of each function, timed in alternation (`time_rounds`).
+
+    On a GPU the median over rounds is returned. On a CPU the minimum: other
+    processes on a shared machine only ever add time (a thread of a parallel
+    region that loses its core stalls the whole region), so the fastest round
+    is the least disturbed.
+    """
+    times = time_rounds(fns, device, repeats, warmup, graphs)
+    pick = statistics.median if device.type == "cuda" else min
     return {name: pick(t) for name, t in times.items()}
 
 

@@ -14,14 +14,19 @@ title, as the course's list of them does).
 each with the places the explanations print it (their code, quoted), rendered
 as the page's second table.
 
-Verdicts are not kept here: they follow from measurements, which the chapters
-make.
+The rules that turn chapter 11's measurements into verdicts live here too (the
+"Rules" section below): one function per claim, pure, each tested to reach
+every verdict it can give (``tests/test_claims.py``), and one rule for "within
+noise" that every rule reading a measurement uses (`Measured`, `place`,
+`compare`). The measurements themselves are the chapters'.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 import sys
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -317,7 +322,7 @@ CLAIMS: dict[str, Claim] = {
                     "§7.1 and Fig. 18(a)",
                 ),
             ),
-            ("04", "10", "11"),
+            ("04b", "04c", "10", "11"),
         ),
         Claim(
             "S2",
@@ -382,7 +387,7 @@ CLAIMS: dict[str, Claim] = {
                     "§7.2 and Fig. 18(b)",
                 ),
             ),
-            ("03", "04", "10", "11"),
+            ("03", "04b", "10", "11"),
         ),
         Claim(
             "S5",
@@ -509,7 +514,7 @@ TRAPS: dict[str, Trap] = {
             "T1",
             "softmax computed inside each block and the blocks' outputs summed or "
             "averaged, instead of merged with a running maximum and normaliser",
-            "04",
+            "04a",
             (),
         ),
         Trap(
@@ -589,6 +594,265 @@ def quote(claim_id: str, index: int = 0) -> str:
     """A claim's words as its source puts them, with the source, for printing."""
     q = CLAIMS[claim_id].quotes[index]
     return f"{claim_id}: {q.shown()} ({q.source.text()})"
+
+
+# Rules: measurements to verdicts (chapter 11) ----------------------------------
+
+#: The seven verdicts, in the order chapter 11 defines them.
+VERDICTS = ("holds", "holds only when", "wrong", "misattributed", "needs a GPU",
+            "undecided", "unmeasured")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A measured value and its spread: how far another run of the same
+    measurement could put it. ``spread`` is None when the run cannot say
+    (fewer than three repeats of a timing), and 0 for a count or arithmetic,
+    which another run repeats exactly."""
+
+    value: float
+    spread: float | None = 0.0
+
+    @classmethod
+    def repeats(cls, values: Seq[float]) -> Measured:
+        """A timing repeated: the median, spread by the range of the repeats
+        (half of it either side of the median would undercount a skewed
+        range, so the whole range is the spread). Fewer than three repeats
+        have no median worth the name: no spread."""
+        values = [float(v) for v in values]
+        if len(values) < 3:
+            return cls(statistics.median(values) if values else float("nan"), None)
+        return cls(statistics.median(values), max(values) - min(values))
+
+    @classmethod
+    def mean_se(cls, mean: float, se: float, z: float = 2.0) -> Measured:
+        """A mean over seeded traces, spread by ``z`` standard errors (chapter
+        02's error bar)."""
+        return cls(mean, z * se)
+
+
+def place(m: Measured, low: float, high: float) -> str:
+    """The one rule for "within noise": where ``m`` lies against the band
+    ``[low, high]`` that a claim (with its rule's tolerance) puts it in.
+    ``"in"`` when ``m``'s value moved by its spread either way stays in the
+    band, ``"out"`` when it stays out, ``"undecided"`` when the spread
+    straddles an edge or there is no spread: a difference smaller than the
+    measurement's own spread decides nothing."""
+    if m.spread is None:
+        return "undecided"
+    lo, hi = m.value - m.spread, m.value + m.spread
+    if low <= lo and hi <= high:
+        return "in"
+    if hi < low or lo > high:
+        return "out"
+    return "undecided"
+
+
+def compare(a: Measured, b: Measured) -> str:
+    """``"greater"``, ``"less"`` or ``"undecided"``: ``a`` against ``b``,
+    by the same rule (the difference must exceed both spreads together)."""
+    if a.spread is None or b.spread is None:
+        return "undecided"
+    gap, noise = a.value - b.value, a.spread + b.spread
+    return "greater" if gap > noise else "less" if gap < -noise else "undecided"
+
+
+def _some_all(results: dict[str, str]) -> tuple[str, list[str]]:
+    """The common shape of a verdict over cases (policies, baselines,
+    workloads): ``holds`` if every case is in, ``holds only when`` if some are
+    and every other is out, ``wrong`` if every case is out, else ``undecided``
+    (a case within noise could change the answer). Also the cases that are in."""
+    inside = [k for k, r in results.items() if r == "in"]
+    if "undecided" in results.values():
+        return "undecided", inside
+    if len(inside) == len(results):
+        return "holds", inside
+    return ("holds only when" if inside else "wrong"), inside
+
+
+def m1_rule(max_traces: tuple[float, float], lowest: Measured, highest: Measured,
+            band: tuple[float, float] = (20, 38), tol: float = 2.0) -> str:  # fmt: skip
+    """M1: the whole range on max-length reservation (its lowest and highest
+    trace each within ``tol`` points of the band's ends: ``holds``); the range
+    spread over the policies (the lowest policy mean on its bottom and the
+    highest on its top: ``misattributed``); ``undecided`` if an error bar
+    straddling a line is all that keeps it from one of those; else ``wrong``."""
+    lo, hi = band
+    if abs(max_traces[0] - lo) <= tol and abs(max_traces[1] - hi) <= tol:
+        return "holds"
+    ends = [place(lowest, lo - tol, lo + tol), place(highest, hi - tol, hi + tol)]
+    if ends == ["in", "in"]:
+        return "misattributed"
+    return "undecided" if "out" not in ends else "wrong"
+
+
+def split_rule(splits: dict[str, dict[str, Measured]], claimed: dict[str, float],
+               tol: float = 5.0) -> tuple[str, list[str]]:  # fmt: skip
+    """M3: a policy gives the claimed split if every share is within ``tol``
+    points of it; `_some_all` over the policies."""
+    results = {}
+    for policy, shares in splits.items():
+        places = [place(shares[k], c - tol, c + tol) for k, c in claimed.items()]
+        results[policy] = ("out" if "out" in places else
+                           "in" if set(places) == {"in"} else "undecided")  # fmt: skip
+    return _some_all(results)
+
+
+def band_rule(cases: dict[str, Measured], low: float, high: float) -> tuple[str, list[str]]:
+    """A figure against a band, case by case (M6's baselines, C1's methods and
+    workloads, C2's lengths): `_some_all` over `place`."""
+    return _some_all({k: place(m, low, high) for k, m in cases.items()})
+
+
+def every_trace_rule(meets: Seq[bool]) -> str:
+    """M2: ``holds`` if every trace meets the claim's conditions (counts of a
+    deterministic simulation, which another run repeats exactly), else
+    ``wrong``."""
+    return "holds" if meets and all(meets) else "wrong"
+
+
+def c2_rule(short: dict[str, Measured], fits: dict[str, list], claimed: dict[str, float],
+            tol: float = 5.0) -> str:  # fmt: skip
+    """C2: ``holds`` if every figure lands (within ``tol`` points) with short
+    own parts; ``holds only when`` if each lands at some own-part length swept
+    (``fits``: the lengths where it does); ``wrong`` if one lands at none."""
+    places = [place(short[w], c - tol, c + tol) for w, c in claimed.items()]
+    if set(places) == {"in"}:
+        return "holds"
+    if "undecided" in places:
+        return "undecided"
+    return "holds only when" if all(fits[w] for w in claimed) else "wrong"
+
+
+def arithmetic_rule(claimed: Seq[float], measured: Seq[float], rel: float = 0.05) -> str:
+    """M4, M5: a figure of arithmetic ``holds`` if every claimed number equals
+    what the formula and the tensors give, within ``rel`` ("about"); else
+    ``wrong``."""
+    ok = all(abs(m / c - 1) <= rel for c, m in zip(claimed, measured))
+    return "holds" if ok else "wrong"
+
+
+def memory_bound(step_over_floor: float | None, limit: float = 2.0) -> bool:
+    """The gate of the rules about serving at scale (S2, S4): whether the run's
+    decode steps are close to their physical floor (the bytes a step reads over
+    the device's copy bandwidth), within ``limit`` times it. A step that close
+    spends most of its time reading weights and K/V, the regime in which
+    fitting more requests in memory raises throughput; a step far from it is
+    bound by launches or the host, where it does not. Measured, whatever the
+    device or the model's size."""
+    return step_over_floor is not None and step_over_floor <= limit
+
+
+def s1_rule(overhead: dict[int, Measured] | None, gpu: bool,
+            band: tuple[float, float] = (0.02, 0.17)) -> str:  # fmt: skip
+    """S1, paging's cost to one attention kernel: the same kernel over the
+    same K/V in shuffled blocks against blocks laid in order (the control;
+    against another kernel, such as SDPA, the gap would measure the kernels'
+    quality, not paging), by context length. ``needs a GPU`` off a GPU (the
+    claim is about a GPU kernel) or with nothing measured; ``holds`` if every
+    context is in the band (4-15%, 2 points of slack either side) and the
+    longest context costs more than the shortest; ``wrong`` if a context is
+    out of the band or the cost falls with the context, beyond noise;
+    otherwise ``undecided``."""
+    if not gpu or not overhead:
+        return "needs a GPU"
+    places = [place(m, *band) for m in overhead.values()]
+    ends = sorted(overhead)
+    trend = compare(overhead[ends[-1]], overhead[ends[0]])
+    if "out" in places or trend == "less":
+        return "wrong"
+    if set(places) == {"in"} and trend == "greater":
+        return "holds"
+    return "undecided"
+
+
+def s2_rule(gate: bool, rate: Measured | None, rate_decides: bool,
+            throughput: Measured | None, rate_band: tuple[float, float] = (2, 8),
+            throughput_band: tuple[float, float] = (24 / 1.25, 24 * 1.25)) -> tuple[str, dict]:  # fmt: skip
+    """S2's two halves, each a figure against a band: the request rate the
+    paged engine sustains at equal latency over max-length reservation's
+    (2-4x, to 8x: the paper's range against Orca (Max)), decided only when
+    ``rate_decides`` (a long enough replay, the multiple not a mere bound);
+    the throughput over Hugging Face generate's (24x within a factor 1.25).
+    ``needs a GPU`` when the ``gate`` (`memory_bound`) is closed; then, per
+    half, `place`; both in: ``holds``; one in and the other out: ``holds only
+    when``; both out: ``wrong``; any half undecided: ``undecided``. Returns the
+    verdict and each half's place."""
+    halves = {"rate": place(rate, *rate_band) if rate is not None and rate_decides
+              else "undecided",
+              "throughput": place(throughput, *throughput_band) if throughput is not None
+              else "undecided"}  # fmt: skip
+    if not gate:
+        return "needs a GPU", halves
+    kind, _ = _some_all(halves)
+    return kind, halves
+
+
+def s3_rule(source_compares_systems: bool, fewer: float, claimed: float = 36.9,
+            rel: float = 0.2) -> str:  # fmt: skip
+    """S3: whether the figure belongs to the mechanism. ``misattributed`` when
+    its source measured two whole systems (read from the source's words, not
+    from a measurement); otherwise the mechanism alone, in one engine, must
+    give it: ``holds`` if ``fewer`` (static over continuous iterations) is
+    within ``rel`` of ``claimed`` on either side, else ``wrong``."""
+    if source_compares_systems:
+        return "misattributed"
+    return "holds" if claimed / (1 + rel) <= fewer <= claimed * (1 + rel) else "wrong"
+
+
+def s4_rule(gate: bool, gap: Measured, tol: float = 0.10) -> str:
+    """S4, "block 16 is the sweet spot": block 16's end-to-end throughput
+    behind the best size's (``gap``, a fraction, spread by the rounds) read as
+    a good default: within ``tol`` is ``holds only when`` (a good default, not
+    the best: memory waste only grows with the block, so no size is best on
+    both counts); beyond it ``wrong``; by `place` (``undecided`` within noise).
+    ``needs a GPU`` when the `memory_bound` gate is closed."""
+    if not gate:
+        return "needs a GPU"
+    return {"in": "holds only when", "out": "wrong", "undecided": "undecided"}[
+        place(gap, 0.0, tol)]
+
+
+def s5_rule(reads_counters: bool) -> str:
+    """S5: an L2 hit rate needs a profiler's hardware counters: ``unmeasured``
+    unless a run reads them, then ``needs a GPU`` (the counters are a GPU's)."""
+    return "needs a GPU" if reads_counters else "unmeasured"
+
+
+def s6_rule(link: bool, longest: Measured | None) -> str:
+    """S6, swap beats recompute for long sequences: ``needs a GPU`` without a
+    host-device link (on a CPU a swap copies host memory to host memory);
+    else, at the longest length measured, recompute's time over swap's:
+    above 1 beyond noise ``holds`` (cheaper at shorter lengths too does not
+    contradict "for long sequences"), below 1 beyond noise ``wrong``, else
+    ``undecided``."""
+    if not link or longest is None:
+        return "needs a GPU"
+    return {"greater": "holds", "less": "wrong", "undecided": "undecided"}[
+        compare(longest, Measured(1.0, 0.0))]
+
+
+def c3_rule(kv_differ: bool) -> str:
+    """C3, radix trees share "arbitrary substrings": sharing a substring's K/V
+    is correct only if equal tokens after different prefixes have equal K/V.
+    ``wrong`` if they differ (measured on a model: a token's K/V depend on
+    every token before it, so no correct cache can share them, and SGLang's
+    tree matches from its root, `C3_SOURCE`), ``holds`` if they were equal."""
+    return "wrong" if kv_differ else "holds"
+
+
+#: What SGLang's own code says its radix tree matches: the docstring of
+#: ``RadixCache.match_prefix`` in ``python/sglang/srt/mem_cache/radix_cache.py``
+#: (sgl-project/sglang, commit 006b0e3), which walks from the tree's root node.
+C3_SOURCE = ("SGLang's RadixCache.match_prefix "
+             "(python/sglang/srt/mem_cache/radix_cache.py): \"Find the longest cached "
+             "prefix of key in the radix tree\", walked from the root node")  # fmt: skip
+
+
+def trap_rule(wrong_version_fails: bool) -> str:
+    """A correctness trap is ``wrong`` when its version gives a wrong output
+    (or a block with two owners) where the library's gives the right one."""
+    return "wrong" if wrong_version_fails else "holds"
 
 
 # book/claims.md -----------------------------------------------------------------

@@ -8,16 +8,16 @@ from functools import partial
 
 from matplotlib.colors import to_hex
 
-from pagedkv_lab.sim.contiguous import ContiguousPool
+from pagedkv_lab.course import traces
 from pagedkv_lab.course.plotting import COLORS, REQUEST_COLORS, state_patch
+from pagedkv_lab.course.poolviewer import Control, View, Viewer, show
 from pagedkv_lab.course.widgets import (
     USED_SWATCH,
     beam_legend_handles,
     block_legend_handles,
     cache_legend_handles,
 )
-from pagedkv_lab.course import traces
-from pagedkv_lab.course.poolviewer import Control, View, Viewer, show
+from pagedkv_lab.sim.contiguous import ContiguousPool
 
 
 def legend_entry(patch, state: str | None = None) -> dict:
