@@ -52,76 +52,69 @@ from pagedkv_lab.sim.workloads import Request, chat_workload, simulate
 W1_VIEW = {"num_requests": 120, "arrival_rate": 0.5, "max_model_len": 2048, "seed": 0}
 
 
-class _SpellLog:
-    """Mixin for a simulator pool: logs each spell a request runs, in steps.
+class SpellLog:
+    """Stands in for a simulator pool and logs each spell a request runs there,
+    in steps: ``[admitted, last step run, tokens at admission, *opened(req)]``,
+    then ``closed(req, spell)`` may add to it when the spell ends. Everything
+    else is the pool's.
 
     `simulate` calls ``usage`` once a step, after admitting and growing the
     requests and before releasing the finished ones; so a spell admitted now
     starts at ``self.step`` and one released now last ran at ``self.step - 1``
-    (preempted before this step's record, or finished after the last one)."""
+    (preempted before this step's record, or finished after the last one).
+    ``observed(waiting_head)`` sees each step's record."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, pool, opened=None, closed=None, observed=None):
+        self.pool = pool
         self.step = 0
         self.spells: dict[int, list[list[int]]] = {}
+        self._opened = opened or (lambda req: [])
+        self._closed = closed or (lambda req, spell: None)
+        self._observed = observed or (lambda waiting_head: None)
 
     def try_admit(self, req: Request, num_tokens: int) -> bool:
-        if not super().try_admit(req, num_tokens):
+        if not self.pool.try_admit(req, num_tokens):
             return False
-        self.spells.setdefault(req.id, []).append(self._opened(req, num_tokens))
+        spell = [self.step, -1, num_tokens, *self._opened(req)]
+        self.spells.setdefault(req.id, []).append(spell)
         return True
 
     def release(self, req: Request) -> None:
         spell = self.spells[req.id][-1]
         spell[1] = self.step - 1
         self._closed(req, spell)
-        super().release(req)
+        self.pool.release(req)
 
     def usage(self, held, waiting_head):
-        totals = super().usage(held, waiting_head)
+        totals = self.pool.usage(held, waiting_head)
         self._observed(waiting_head)
         self.step += 1
         return totals
 
-    def _opened(self, req: Request, num_tokens: int) -> list[int]:
-        return [self.step, -1, num_tokens]
-
-    def _closed(self, req: Request, spell: list[int]) -> None:
-        pass
-
-    def _observed(self, waiting_head) -> None:
-        pass
+    def __getattr__(self, name: str):
+        return getattr(self.pool, name)
 
 
-class _LoggedContiguousPool(_SpellLog, ContiguousPool):
-    """A `ContiguousPool` that logs regions and the steps its free slots are
-    external fragmentation."""
+def _logged_contiguous(pool: ContiguousPool) -> tuple[SpellLog, list[int]]:
+    """A `ContiguousPool`'s spell log with each region (start, length, slots
+    asked), and the steps at which its free slots were external fragmentation."""
+    blocked: list[int] = []
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.blocked_steps: list[int] = []
+    def opened(req: Request) -> list[int]:
+        region = pool.allocator.regions[req.id]
+        return [region.start, region.length, pool.asked[req.id]]
 
-    def _opened(self, req: Request, num_tokens: int) -> list[int]:
-        region = self.allocator.regions[req.id]
-        return [
-            self.step,
-            -1,
-            num_tokens,
-            region.start,
-            region.length,
-            self.asked[req.id],
-        ]
+    def observed(waiting_head) -> None:
+        if pool._blocked(waiting_head):
+            blocked.append(log.step)
 
-    def _observed(self, waiting_head) -> None:
-        if self._blocked(waiting_head):
-            self.blocked_steps.append(self.step)
+    log = SpellLog(pool, opened=opened, observed=observed)
+    return log, blocked
 
 
-class _LoggedPagedPool(_SpellLog, PagedPool):
-    """A `PagedPool` that logs each spell's block table."""
-
-    def _closed(self, req: Request, spell: list[int]) -> None:
-        spell.extend(self.tables[req.id].blocks)
+def _logged_paged(pool: PagedPool) -> SpellLog:
+    """A `PagedPool`'s spell log with each spell's block table at its end."""
+    return SpellLog(pool, closed=lambda req, spell: spell.extend(pool.tables[req.id].blocks))
 
 
 def _ranges(steps: list[int]) -> list[int]:
@@ -156,7 +149,9 @@ def contiguous_run(policy: str, fit: str, rows: int, **trace) -> dict:
     ``rows`` rows of ``max_model_len`` slots."""
     max_len = {**W1_VIEW, **trace}["max_model_len"]
     requests = w1_requests(**trace)
-    pool = _LoggedContiguousPool(rows * max_len, max_len, policy=policy, fit=fit)
+    pool, blocked = _logged_contiguous(
+        ContiguousPool(rows * max_len, max_len, policy=policy, fit=fit)
+    )
     result = simulate(requests, pool)
     assert result.preemptions == 0, "a reservation covers its request: no preemption"
     flat: list[int] = []
@@ -169,7 +164,7 @@ def contiguous_run(policy: str, fit: str, rows: int, **trace) -> dict:
         "capacity": pool.capacity,
         "row": max_len,
         "requests": flat,
-        "blocked": _ranges(pool.blocked_steps),
+        "blocked": _ranges(blocked),
     }
 
 
@@ -180,7 +175,7 @@ def paged_run(block_size: int, num_slots: int | None = None, **trace) -> dict:
     max_len = {**W1_VIEW, **trace}["max_model_len"]
     num_slots = num_slots or 8 * max_len
     requests = w1_requests(**trace)
-    pool = _LoggedPagedPool(num_slots // block_size, block_size, max_len)
+    pool = _logged_paged(PagedPool(num_slots // block_size, block_size, max_len))
     result = simulate(requests, pool)
     out = []
     for req in requests:
