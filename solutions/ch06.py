@@ -20,27 +20,31 @@ def continuous_steps(output_lens: list[int], batch_size: int) -> int:
 
 
 def demo_preemptions(watermark: float) -> int:
-    """Serve the demo's six requests without a model: with EOS ignored, which
-    token is sampled does not change the schedule."""
+    """The chapter's demo, served as `serve_by_hand` serves it, with the
+    watermark as a parameter: a fresh pool, runner and scheduler each call."""
     from pagedkv_lab.engine.block_manager import BlockManager
+    from pagedkv_lab.engine.model_runner import ModelRunner
     from pagedkv_lab.engine.scheduler import Scheduler
     from pagedkv_lab.engine.sequence import Sequence, SequenceGroup
+    from pagedkv_lab.models import load_model
     from pagedkv_lab.sampling_params import SamplingParams
 
-    sched = Scheduler(
-        BlockManager(10, 4), max_model_len=2048, max_num_seqs=4, watermark=watermark
+    model, _ = load_model("tiny-llama")
+    runner = ModelRunner(model, num_blocks=10, block_size=4)
+    scheduler = Scheduler(
+        BlockManager(num_blocks=10, block_size=4),
+        max_model_len=2048,
+        max_num_seqs=4,
+        watermark=watermark,
     )
     for i, (p, o) in enumerate([(5, 9), (3, 4), (9, 10), (2, 3), (6, 8), (4, 2)]):
         params = SamplingParams(temperature=0, max_tokens=o, ignore_eos=True)
-        sched.add(SequenceGroup(i, Sequence(list(range(1, p + 1)), params)))
-    while sched.has_unfinished:
-        plan = sched.schedule()
-        for seq, n in zip(plan.seqs, plan.num_new_tokens):
-            seq.num_computed_tokens += n
-            if seq.num_computed_tokens == seq.num_tokens:
-                seq.append_token(5, None, 2048)
-        sched.free_finished()
-    return sched.num_preemptions
+        scheduler.add(SequenceGroup(i, Sequence(list(range(1, p + 1)), params)))
+    while scheduler.has_unfinished:
+        plan = scheduler.schedule()
+        sampled = runner.execute(plan)
+        scheduler.postprocess(plan, sampled and sampled.read())
+    return scheduler.num_preemptions
 
 
 # Why: the watermark keeps int(watermark * 10) blocks free when admitting, so
