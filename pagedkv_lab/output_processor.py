@@ -223,10 +223,13 @@ class OutputProcessor:
             seqs = sorted(seqs, key=lambda s: s.sample_index)
         metrics.num_output_tokens = max(len(s.token_ids) - s.num_prompt_tokens for s in seqs)
         outputs = [self._completion(i, s, group, state) for i, s in enumerate(seqs)]
+        prompt = group.prompt_logprobs  # the prompt's (None where not asked)
+        if prompt is not None:
+            self._name_tokens([d for d in prompt if d is not None])
         return RequestOutput(state.request_id, state.prompt, prompt_ids, outputs, metrics,
                              error, finished=final,
                              num_cached_tokens=group.num_cached_tokens or 0,
-                             prompt_logprobs=self._prompt_logprobs(group))  # fmt: skip
+                             prompt_logprobs=prompt)  # fmt: skip
 
     def _completion(self, index: int, seq: Sequence, group: SequenceGroup,
                     state: RequestState) -> CompletionOutput:  # fmt: skip
@@ -278,14 +281,6 @@ class OutputProcessor:
         entries = group.logprobs.get(seq.seq_id, [])
         self._name_tokens(entries)
         return list(entries)
-
-    def _prompt_logprobs(self, group: SequenceGroup):
-        """The prompt's log-probabilities (None where not asked), their tokens'
-        text filled in."""
-        entries = group.prompt_logprobs
-        if entries is not None:
-            self._name_tokens([d for d in entries if d is not None])
-        return entries
 
     def _name_tokens(self, entries: list[dict]) -> None:
         """Fill in the text of every `Logprob` in ``entries`` that has none (as
