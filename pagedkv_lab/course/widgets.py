@@ -367,6 +367,7 @@ def draw_block_grid(
     highlight: int | None = None,
     ids: bool = True,
     fontsize: float = 8,
+    by_request: bool = False,
 ) -> None:
     """Draw physical blocks as a grid, block 0 top left, each labelled with its id.
 
@@ -376,7 +377,10 @@ def draw_block_grid(
     empty ones (see `_draw_block`), each request in a colour of its own while
     there are no more of them than `REQUEST_COLORS` (`grid_colors`); free blocks
     are grey. Blocks of request ``highlight`` are drawn in `HIGHLIGHT_COLOR` with
-    a black outline.
+    a black outline. ``by_request`` labels each held block with the id of the
+    request that holds it instead (colours alone do not tell sixteen requests
+    apart), and numbers the rows and columns: a block's id is its row's number
+    plus its column's.
     """
     rows = -(-num_blocks // columns)
     colors = grid_colors({o[0] for o in owners.values()} - {highlight})
@@ -386,6 +390,8 @@ def draw_block_grid(
         x, y = col + 0.04, rows - 1 - row + 0.04
         owner, filled, *rest = owners.get(block, (None, 0))
         label = str(block) if ids else None
+        if by_request:
+            label = None if owner is None else str(owner)
         shown = highlight is not None and owner == highlight
         _draw_block(
             ax, x, y, 0.92, 0.92, owner, filled, block_size, label, fontsize,
@@ -395,6 +401,13 @@ def draw_block_grid(
             ax.add_patch(
                 plt.Rectangle((x, y), 0.92, 0.92, fill=False, ec="black", lw=1.5)
             )
+    if by_request:  # block id = the row's number + the column's
+        for row in range(rows):
+            ax.text(-0.15, rows - 0.5 - row, str(row * columns), ha="right",
+                    va="center", fontsize=fontsize, color="#666666")  # fmt: skip
+        for col in range(columns):
+            ax.text(col + 0.5, rows + 0.1, f"+{col}", ha="center", va="bottom",
+                    fontsize=fontsize - 1, color="#666666")  # fmt: skip
     ax.set_xlim(0, columns)
     ax.set_ylim(0, rows)
     ax.set_aspect("equal")
