@@ -279,13 +279,15 @@ def _draw_block(
     size=6,
     will_fill=None,
     color=None,
+    boxed=False,
 ):
     """One block: grey when free; else the owner's colour over its filled slots,
     then its empty slots hatched in the states' colours: ``reserved`` up to
     ``will_fill`` (the slots the request fills before it ends; all of them when
     unknown, as a running request's tail is reserved for its next tokens) and
     ``internal`` past it. ``color`` overrides the owner's colour. The label is
-    white only on a full block, dark where hatching or white shows behind it."""
+    white only on a full block, dark where hatching or white shows behind it
+    (``boxed``: on a white box, readable over a partly filled block)."""
     if owner is None:
         ax.add_patch(plt.Rectangle((x, y), w, h, fc=COLORS["free"], ec="white", lw=0.5))
     else:
@@ -312,6 +314,7 @@ def _draw_block(
         ax.add_patch(plt.Rectangle((x, y), part, h, fc=color, ec=color, lw=0.8))
     if label is not None:
         dark = owner is not None and filled >= block_size
+        box = {"fc": "white", "ec": "none", "pad": 0.4, "alpha": 0.85}
         ax.text(
             x + w / 2,
             y + h / 2,
@@ -320,6 +323,7 @@ def _draw_block(
             va="center",
             fontsize=size,
             color="white" if dark else "#333333",
+            bbox=box if boxed and not dark and owner is not None else None,
         )
 
 
@@ -396,6 +400,7 @@ def draw_block_grid(
         _draw_block(
             ax, x, y, 0.92, 0.92, owner, filled, block_size, label, fontsize,
             will_fill=rest[0] if rest else None, color=colors.get(owner),
+            boxed=by_request,
         )  # fmt: skip
         if shown:
             ax.add_patch(
@@ -455,7 +460,7 @@ def draw_block_table(
         _, filled, *rest = owners.get(block, (rid, block_size))
         _draw_block(
             ax, 1.3, y + 0.05, 0.8, 0.9, rid, filled, block_size, str(block), 8,
-            will_fill=rest[0] if rest else None, color=HIGHLIGHT_COLOR,
+            will_fill=rest[0] if rest else None, color=HIGHLIGHT_COLOR, boxed=True,
         )  # fmt: skip
     if len(table) > max_rows:
         more = len(table) - max_rows
