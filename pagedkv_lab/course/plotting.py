@@ -224,7 +224,9 @@ def _fit_xlim_to_texts(ax, *, right: float) -> None:
 
 def gqa_bars(ax, names, actual_kib, mha_kib, group) -> None:
     """Each model's KV bytes per token as shipped and as it would be with one KV
-    head per query head (log scale), labelled with the GQA factor; legend below."""
+    head per query head, on a linear axis (a bar's length is its bill, so a GQA
+    factor of 8 shows as a bar an eighth as long), labelled with the GQA factor;
+    legend below."""
     y = np.arange(len(names))
     ax.barh(
         y - 0.2,
@@ -234,14 +236,15 @@ def gqa_bars(ax, names, actual_kib, mha_kib, group) -> None:
         label="if every query head had its own KV head",
     )
     ax.barh(y + 0.2, actual_kib, height=0.4, color=COLORS["used"], label="as shipped")
+    pad = 0.01 * max(mha_kib)
     for i, (v, g) in enumerate(zip(actual_kib, group)):
         note = f"{v:.0f} KiB" + (f", {g}x less" if g > 1 else ", no GQA")
-        ax.text(v * 1.08, i + 0.2, note, va="center", fontsize=9)
+        ax.text(v + pad, i + 0.2, note, va="center", fontsize=9)
     ax.set_yticks(list(y), names)
-    ax.set_xscale("log")
-    _fit_xlim_to_texts(ax, right=max(mha_kib) * 1.1)
+    ax.set_xlim(left=0)
+    _fit_xlim_to_texts(ax, right=max(mha_kib) * 1.02)
     ax.invert_yaxis()
-    ax.set_xlabel("KV cache per token, fp16 (KiB, log scale)")
+    ax.set_xlabel("KV cache per token, fp16 (KiB)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=9)
 
 

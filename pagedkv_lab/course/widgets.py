@@ -279,13 +279,15 @@ def _draw_block(
     size=6,
     will_fill=None,
     color=None,
+    boxed=False,
 ):
     """One block: grey when free; else the owner's colour over its filled slots,
     then its empty slots hatched in the states' colours: ``reserved`` up to
     ``will_fill`` (the slots the request fills before it ends; all of them when
     unknown, as a running request's tail is reserved for its next tokens) and
     ``internal`` past it. ``color`` overrides the owner's colour. The label is
-    white only on a full block, dark where hatching or white shows behind it."""
+    white only on a full block, dark where hatching or white shows behind it
+    (``boxed``: on a white box, readable over a partly filled block)."""
     if owner is None:
         ax.add_patch(plt.Rectangle((x, y), w, h, fc=COLORS["free"], ec="white", lw=0.5))
     else:
@@ -312,6 +314,7 @@ def _draw_block(
         ax.add_patch(plt.Rectangle((x, y), part, h, fc=color, ec=color, lw=0.8))
     if label is not None:
         dark = owner is not None and filled >= block_size
+        box = {"fc": "white", "ec": "none", "pad": 0.4, "alpha": 0.85}
         ax.text(
             x + w / 2,
             y + h / 2,
@@ -320,6 +323,7 @@ def _draw_block(
             va="center",
             fontsize=size,
             color="white" if dark else "#333333",
+            bbox=box if boxed and not dark and owner is not None else None,
         )
 
 
@@ -367,6 +371,7 @@ def draw_block_grid(
     highlight: int | None = None,
     ids: bool = True,
     fontsize: float = 8,
+    by_request: bool = False,
 ) -> None:
     """Draw physical blocks as a grid, block 0 top left, each labelled with its id.
 
@@ -376,7 +381,10 @@ def draw_block_grid(
     empty ones (see `_draw_block`), each request in a colour of its own while
     there are no more of them than `REQUEST_COLORS` (`grid_colors`); free blocks
     are grey. Blocks of request ``highlight`` are drawn in `HIGHLIGHT_COLOR` with
-    a black outline.
+    a black outline. ``by_request`` labels each held block with the id of the
+    request that holds it instead (colours alone do not tell sixteen requests
+    apart), and numbers the rows and columns: a block's id is its row's number
+    plus its column's.
     """
     rows = -(-num_blocks // columns)
     colors = grid_colors({o[0] for o in owners.values()} - {highlight})
@@ -386,15 +394,25 @@ def draw_block_grid(
         x, y = col + 0.04, rows - 1 - row + 0.04
         owner, filled, *rest = owners.get(block, (None, 0))
         label = str(block) if ids else None
+        if by_request:
+            label = None if owner is None else str(owner)
         shown = highlight is not None and owner == highlight
         _draw_block(
             ax, x, y, 0.92, 0.92, owner, filled, block_size, label, fontsize,
             will_fill=rest[0] if rest else None, color=colors.get(owner),
+            boxed=by_request,
         )  # fmt: skip
         if shown:
             ax.add_patch(
                 plt.Rectangle((x, y), 0.92, 0.92, fill=False, ec="black", lw=1.5)
             )
+    if by_request:  # block id = the row's number + the column's
+        for row in range(rows):
+            ax.text(-0.15, rows - 0.5 - row, str(row * columns), ha="right",
+                    va="center", fontsize=fontsize, color="#666666")  # fmt: skip
+        for col in range(columns):
+            ax.text(col + 0.5, rows + 0.1, f"+{col}", ha="center", va="bottom",
+                    fontsize=fontsize - 1, color="#666666")  # fmt: skip
     ax.set_xlim(0, columns)
     ax.set_ylim(0, rows)
     ax.set_aspect("equal")
@@ -442,7 +460,7 @@ def draw_block_table(
         _, filled, *rest = owners.get(block, (rid, block_size))
         _draw_block(
             ax, 1.3, y + 0.05, 0.8, 0.9, rid, filled, block_size, str(block), 8,
-            will_fill=rest[0] if rest else None, color=HIGHLIGHT_COLOR,
+            will_fill=rest[0] if rest else None, color=HIGHLIGHT_COLOR, boxed=True,
         )  # fmt: skip
     if len(table) > max_rows:
         more = len(table) - max_rows
