@@ -140,10 +140,11 @@ class SequenceGroup:
     preempted as a whole. Here it holds one sequence; chapter 07's parallel
     sampling and beam search hold several that share blocks.
 
-    To the scheduler a group says what it computes next (`work`) and how many
-    sequences it runs; after a step the scheduler hands it its sampled tokens
-    (`accept`). It also keeps what its output needs: per-token and prompt
-    log-probabilities, when it was first scheduled (``metrics``).
+    To the scheduler a group says what it computes next (`work`), how many
+    sequences it runs and which of them sample (`samplers`); after a step the
+    scheduler appends their sampled tokens (`Scheduler.postprocess`). It also
+    keeps what its output needs: per-token and prompt log-probabilities, when
+    it was first scheduled (``metrics``).
     """
 
     # Whether the group samples one token per running sequence, in the step's
