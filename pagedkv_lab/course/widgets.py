@@ -767,15 +767,16 @@ def beam_legend_handles() -> list:
     ]
 
 
-def beam_frame_title(frame: dict) -> str:
-    """A frame's one-line summary: beams, blocks copied, blocks written in
-    place, beams the step's ranking ends."""
+def beam_frame_title(frame: dict, two_lines: bool = False) -> str:
+    """A frame's summary: beams, blocks copied, blocks written in place, beams
+    the step's ranking ends; on one line, or on two for a narrow panel."""
 
     def count(n: int, noun: str) -> str:
         return f"{n} {noun}{'s' * (n != 1)}"
 
+    sep = "\n" if two_lines else "; "
     return (
-        f"step {frame['step']}: {count(len(frame['beams']), 'beam')}; "
+        f"step {frame['step']}: {count(len(frame['beams']), 'beam')}{sep}"
         f"{count(len(frame['copies']), 'block')} copied, "
         f"{len(frame['in_place'])} written in place; "
         f"{count(len(frame['dropped']), 'beam')} "
