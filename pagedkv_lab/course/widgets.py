@@ -785,13 +785,20 @@ def beam_legend_handles() -> list:
     ]
 
 
-def beam_frame_title(frame: dict) -> str:
-    """A frame's one-line summary: copies, in-place writes, beams ended."""
-    n = len(frame["beams"])
+def beam_frame_title(frame: dict, two_lines: bool = False) -> str:
+    """A frame's summary: beams, blocks copied, blocks written in place, beams
+    the step's ranking ends; on one line, or on two for a narrow panel."""
+
+    def count(n: int, noun: str) -> str:
+        return f"{n} {noun}{'s' * (n != 1)}"
+
+    sep = "\n" if two_lines else "; "
     return (
-        f"step {frame['step']}: {n} beam{'s' * (n != 1)}; "
-        f"{len(frame['copies'])} copied, {len(frame['in_place'])} in place; "
-        f"{len(frame['dropped'])} end"
+        f"step {frame['step']}: {count(len(frame['beams']), 'beam')}{sep}"
+        f"{count(len(frame['copies']), 'block')} copied, "
+        f"{len(frame['in_place'])} written in place; "
+        f"{count(len(frame['dropped']), 'beam')} "
+        f"{'ends' if len(frame['dropped']) == 1 else 'end'}"
     )
 
 
@@ -1011,19 +1018,25 @@ def trace_preemption(
 
 
 def draw_pools(ax, frame: dict, columns: int = 12) -> None:
-    """Device and host pools of a `trace_preemption` frame, side by side."""
+    """Device and host pools of a `trace_preemption` frame, side by side: each
+    block in the colour of the request holding it, labelled with its id (grey:
+    free)."""
+    titles = {"device": "device pool (the KV cache)", "host": "host pool (swap space)"}
     for x0, name in ((0, "device"), (columns + 2, "host")):
         owners = frame[name]
         rows = -(-len(owners) // columns)
         for b, rid in enumerate(owners):
             r, c = divmod(b, columns)
             color = COLORS["free"] if rid is None else owner_color(rid)
-            ax.add_patch(
-                plt.Rectangle(
-                    (x0 + c + 0.05, rows - 1 - r + 0.05), 0.9, 0.9, fc=color, ec="white"
-                )
-            )
-        ax.text(x0 + columns / 2, rows + 0.3, f"{name} pool", ha="center", fontsize=9)
+            x, y = x0 + c + 0.05, rows - 1 - r + 0.05
+            ax.add_patch(plt.Rectangle((x, y), 0.9, 0.9, fc=color, ec="white"))
+            if rid is not None:  # the id on a white label: readable on any colour
+                ax.text(
+                    x + 0.45, y + 0.45, str(rid), ha="center", va="center",
+                    fontsize=8, color="#222222",
+                    bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none"),
+                )  # fmt: skip
+        ax.text(x0 + columns / 2, rows + 0.3, titles[name], ha="center", fontsize=9)
     ax.set_xlim(0, 2 * columns + 2)
     ax.set_ylim(0, max(-(-len(frame["device"]) // columns), 1) + 1)
     ax.set_aspect("equal")
