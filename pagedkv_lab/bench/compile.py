@@ -123,9 +123,9 @@ def programs_per_sm(card: Card, registers: int, warps: int, shared: int) -> tupl
     per_partition = card.registers_per_sm // card.partitions
     by_regs = (per_partition // per_warp) * card.partitions // warps if per_warp else 99
     used = -(-shared // card.shared_unit) * card.shared_unit + card.shared_reserved
-    limits = {"registers": by_regs,
-              "shared memory": card.shared_per_sm // used if used else 99,
-              "warps": card.warps_per_sm // warps, "blocks": card.blocks_per_sm}  # fmt: skip
+    limits = {"warps": card.warps_per_sm // warps, "blocks": card.blocks_per_sm,
+              "registers": by_regs,
+              "shared memory": card.shared_per_sm // used if used else 99}  # fmt: skip
     fewest = min(limits.values())
     return fewest, next(k for k, v in limits.items() if v == fewest)
 
@@ -249,6 +249,37 @@ def course_launches(card: Card) -> Iterator[tuple[str, Callable]]:
                 if rung.kernel != "torch":
                     yield (rung_label(kind, i, rung, shape),
                            lambda r=rung, x=args: r(*x))  # fmt: skip
+    yield from _ladder_checks()
+
+
+def _ladder_checks() -> Iterator[tuple[str, Callable]]:
+    """Every rung of both ladders as chapters 04c and 04d check it against
+    float64 on any device: fp32, head_dim 24, a group of 3, blocks of 8, the
+    keys split (partitions of 2 blocks, 3 segments) so that the merges run."""
+    import torch
+
+    from pagedkv_lab.course.kernel_checks import random_paged_problem
+    from pagedkv_lab.course.ladder import DECODE_LADDER, PREFILL_LADDER
+    from pagedkv_lab.kernels import AttentionMetadata, triton_decode, triton_tiled
+
+    kc, vc, meta, gen = random_paged_problem(3, 2, 24, 8, 7, seed=21,
+                                             shared_first_block=True)  # fmt: skip
+    decode = (torch.randn(3, 6, 24, generator=gen), kc, vc, meta)
+    ctx, new = torch.tensor([16, 1, 49]), [5, 1, 19]
+    starts = torch.tensor([0, *new]).cumsum(0)
+    prefill = (torch.randn(sum(new), 6, 24, generator=gen), kc, vc,
+               AttentionMetadata(meta.block_tables, ctx, starts))  # fmt: skip
+
+    def forced(rung, args):
+        with mock.patch.object(triton_decode, "decode_partitions", lambda *a: 2), \
+                mock.patch.object(triton_tiled, "tiled_segments", lambda *a: 3):  # fmt: skip
+            rung(*args)
+
+    for kind, rungs, args in (("decode", DECODE_LADDER, decode),
+                              ("prefill", PREFILL_LADDER, prefill)):  # fmt: skip
+        for i, rung in enumerate(rungs):
+            if rung.kernel != "torch":
+                yield f"check of {kind} rung {i}", lambda r=rung, a=args: forced(r, a)
 
 
 def rung_label(kind: str, i: int, rung, shape: tuple[int, int]) -> str:
@@ -472,26 +503,40 @@ def candidate_launches(card: Card) -> Iterator[tuple[str, Callable]]:
 class _Compiler:
     """Each configuration compiled once per target (a card sharing another's
     target reuses its result), or taken from ``reuse``, a matrix written before
-    by the same Triton."""
+    by the same Triton, or from ``cache``: a file of one result a line, which
+    every compile appends to, so that a run cut short loses nothing."""
 
-    def __init__(self, reuse: dict | None, log):
-        self.done, self.log = {}, log
+    def __init__(self, reuse: dict | None, log, cache: Path | None = None):
         import triton
 
+        self.done, self.log, self.cache = {}, log, cache
         if reuse and reuse.get("triton") == triton.__version__:
             for e in reuse.get("entries", []) + reuse.get("candidates", []):
                 self.done[(e["target"], e["config"])] = {k: e[k] for k in _RESULT}
+        if cache is not None and cache.exists():
+            for line in cache.read_text().splitlines():
+                r = json.loads(line)
+                if r.pop("triton") == triton.__version__:
+                    self.done[(r.pop("target"), r.pop("config"))] = r
 
     def __call__(self, card: Card, kernel: str, key: str, src, options) -> dict:
         if (card.target, key) not in self.done:
             got = compile_one(card, src, options)
             self.log(f"  {kernel:24} {key} {_summary(got)} ({got.pop('seconds'):.1f} s)")
+            got = {k: got[k] for k in _RESULT}
             self.done[(card.target, key)] = got
+            if self.cache is not None:
+                import triton
+
+                line = {"triton": triton.__version__, "target": card.target,
+                        "config": key, **got}  # fmt: skip
+                with self.cache.open("a") as f:
+                    f.write(json.dumps(line) + "\n")
         return self.done[(card.target, key)]
 
 
-_RESULT = ("compiled", "error", "registers", "static_shared", "stack", "spill_stores",
-           "spill_loads", "shared", "tensor_cores")  # fmt: skip
+_RESULT = ("compiled", "error", "registers", "stack", "spill_stores", "spill_loads",
+           "shared", "tensor_cores")  # fmt: skip
 
 
 def _entries(card: Card, launches, compiler: _Compiler, keep=None) -> list[dict]:
@@ -515,14 +560,14 @@ def _entries(card: Card, launches, compiler: _Compiler, keep=None) -> list[dict]
 
 
 def build_matrix(cards=tuple(CARDS), keep=None, reuse: dict | None = None,
-                 log=print) -> dict:  # fmt: skip
+                 log=print, cache: Path | None = None) -> dict:  # fmt: skip
     """The matrix: for each card, one entry per kernel and configuration the
     course launches there, with the launches that compile it; and the T4's
     candidate tiles (`candidate_launches`). ``keep(label, kernel)``: only these
     launches (the sample); ``reuse``: results of an earlier matrix."""
     import triton
 
-    compiler = _Compiler(reuse, log)
+    compiler = _Compiler(reuse, log, cache)
     entries, candidates = [], []
     for name in cards:
         card = CARDS[name]
@@ -611,13 +656,15 @@ def headline(matrix: dict) -> list[str]:
         es = [e for e in matrix["entries"] if e["card"] == name]
         ok = [e for e in es if e["compiled"]]
         worst = max(ok, key=lambda e: (e["stack"], e["spill_stores"]), default=None)
-        cores = sorted({e["tensor_cores"] for e in ok if e["constants"].get("DOT")})
+        cores = sorted({e["tensor_cores"] for e in ok if e["constants"].get("DOT")
+                        and not all(x.startswith("check of") for x in e["launches"])})
         spilled = sum(1 for e in ok if e["spill_stores"] or e["stack"])
         lines.append(
             f"{name:5} {c['target']} {c['dtype']:8}: {len(ok)}/{len(es)} compiled, "
             f"{sum(not e['fits'] for e in ok)} too big for shared memory, "
             f"{spilled} with a stack; worst stack {worst['stack'] if worst else 0} B "
-            f"({worst['kernel'] if worst else '-'}); tl.dot on: {', '.join(cores)}")
+            f"({worst['kernel'] if worst else '-'}); tl.dot in its dtype: "
+            f"{', '.join(cores)}")
     return lines
 
 
@@ -668,8 +715,9 @@ def check_matrix(matrix: dict, log=print) -> list[str]:
     if matrix.get("triton") != triton.__version__:
         return [f"the matrix was compiled by Triton {matrix.get('triton')}, this is "
                 f"{triton.__version__}: run `make compile-matrix`"]  # fmt: skip
-    committed = {(e["card"], e["kernel"], e["config"]): e["launches"]
-                 for e in matrix["entries"] + matrix.get("candidates", [])}  # fmt: skip
+    committed: dict = {}  # an entry and a candidate may share a configuration
+    for e in matrix["entries"] + matrix.get("candidates", []):
+        committed.setdefault((e["card"], e["kernel"], e["config"]), []).extend(e["launches"])
     today = launched_configs(tuple(matrix["cards"]))
     problems = [f"{c} {k} {key}: launched by {labels[0]!r} and {len(labels) - 1} more, "
                 "not in the matrix" for (c, k, key), labels in today.items()
@@ -691,6 +739,19 @@ def check_matrix(matrix: dict, log=print) -> list[str]:
     return problems
 
 
+def dump(matrix: dict) -> str:
+    """The matrix as JSON, one entry a line (a change shows as the lines of the
+    entries it changed)."""
+    lists = ("entries", "candidates")
+    head = json.dumps({k: v for k, v in matrix.items() if k not in lists}, indent=1)
+    parts = [head[:-2]]
+    for name in lists:
+        if name in matrix:
+            rows = ",\n".join("  " + json.dumps(e) for e in matrix[name])
+            parts.append(f',\n "{name}": [\n{rows}\n ]')
+    return "".join(parts) + "\n}\n"
+
+
 def add_parser(sub) -> None:
     cp = sub.add_parser("compile", help="every Triton kernel compiled for each card "
                         "(no GPU needed): registers, spills, shared memory, occupancy")
@@ -701,6 +762,8 @@ def add_parser(sub) -> None:
     cp.add_argument("--check", default=None, metavar="PATH", help="check a committed "
                     "matrix: every launch's configuration in it, and the sample "
                     "compiling as it says (exit 1 if not)")
+    cp.add_argument("--cache", default=None, help="a file of compiled results, one a "
+                    "line: read first, appended to as each configuration compiles")
     cp.add_argument("--reuse", default=None, help="a matrix written before (by the "
                     "same Triton): its configurations are not compiled again")  # fmt: skip
 
@@ -724,12 +787,13 @@ def compile_main(args) -> None:
         matrix = sample_matrix()
     else:
         reuse = load_matrix(args.reuse) if args.reuse else None
-        matrix = build_matrix(tuple(args.cards), reuse=reuse)
+        cache = Path(args.cache) if args.cache else None
+        matrix = build_matrix(tuple(args.cards), reuse=reuse, cache=cache)
         print("\n".join(headline(matrix)))
     print(f"{len(matrix['entries'])} entries in {time.perf_counter() - start:.0f} s")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(matrix, indent=1) + "\n")
+        Path(args.json).write_text(dump(matrix))
         print(f"wrote {args.json}")
 
 
