@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
-.PHONY: setup book test test-chapters test-floor test-eval lab export execute lint clean gpu-check actionlint
+.PHONY: setup book test test-chapters test-floor test-eval lab export execute lint clean gpu-check actionlint compile-matrix
 
 # The lowest transformers pyproject.toml allows (tests/test_versions.py checks the two agree).
 TRANSFORMERS_FLOOR := 5.17.0
@@ -103,6 +103,16 @@ BUDGET ?= 480
 
 gpu-check: setup  ## on a CUDA machine: GPU tests, kernels, decode floor, every chapter, `bench all` into $(OUT)/
 	OUT="$(OUT)" PY="$(BIN)/python" bash scripts/gpu_check.sh --budget $(BUDGET)
+
+# Every Triton kernel the course launches, compiled on this CPU by Triton for a T4, an
+# A100, an L4, an H100 and an H200 (no GPU needed): registers, spills, shared memory,
+# tensor cores and occupancy per card and configuration. Configurations already in
+# the file (same Triton, same kernel code) are not compiled again; a full run takes
+# tens of minutes on two cores. Chapters 04b-04c quote it; `make test` checks it
+# against today's launches and compiles a sample again (tests/test_compile_matrix.py).
+MATRIX := book/reports/compiled/kernels.json
+compile-matrix: setup  ## every Triton kernel compiled for each card, on a CPU: book/reports/compiled/kernels.json
+	TRITON_INTERPRET=0 $(BIN)/python -m pagedkv_lab.bench compile --json $(MATRIX) --reuse $(MATRIX)
 
 lint: setup
 	$(BIN)/ruff check pagedkv_lab tests solutions scripts

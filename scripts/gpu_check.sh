@@ -129,12 +129,30 @@ if [ -n "$EMULATE" ]; then  # fail now, not in the middle, if the card is unknow
   PAGEDKV_EMULATE="$EMULATE" "$PY" -c "from pagedkv_lab.device import emulated_card; emulated_card()" \
     || exit 2
 fi
+# Each chapter's time predicted before the run (python -m pagedkv_lab.bench.plan):
+# its forward passes and kernel-benchmark rows counted on this CPU at its GPU
+# sizes, priced at the committed H100 run's costs; printed beside the estimate.
+PREDICTED=$("$PY" -m pagedkv_lab.bench.plan --tsv 2>/dev/null || true)
+predicted() {  # predicted seconds of notebook $1 (a stem), or "-"
+  awk -F '\t' -v c="$1" '$1 == c { print $2; found = 1 } END { if (!found) print "-" }' \
+    <<<"$PREDICTED"
+}
 {
-  echo "gpu-check plan (expected seconds on an H100, estimates):"
+  echo "gpu-check plan (expected seconds on an H100, estimates; beside a chapter, the"
+  echo "prediction of python -m pagedkv_lab.bench.plan: its forward passes and kernel"
+  echo "benchmark rows counted on a CPU at its GPU sizes, priced at the committed H100"
+  echo "run; model loading, compiles and graph captures outside benchmarks not seen):"
   total=0
   for entry in "${PLAN[@]}"; do
     IFS='|' read -r name seconds _ <<<"$entry"
-    printf '  %-44s %5s s\n' "$name" "$seconds"
+    case "$name" in
+      "notebook "*" as "*) printf '  %-44s %5s s\n' "$name" "$seconds" ;;
+      "notebook "*)
+        p=$(predicted "${name#notebook }")
+        over=""; [ "$p" != "-" ] && [ "$p" -gt "$CHAPTER_TIMEOUT" ] && over=" (over the ${CHAPTER_TIMEOUT} s limit)"
+        printf '  %-44s %5s s   predicted %4s s%s\n' "$name" "$seconds" "$p" "$over" ;;
+      *) printf '  %-44s %5s s\n' "$name" "$seconds" ;;
+    esac
     total=$((total + seconds))
   done
   required=0

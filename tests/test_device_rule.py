@@ -83,7 +83,8 @@ def test_no_bf16_dot_below_sm80(card):
         assert upcast == pre_ampere
         table = TILE_SIZES_PRE_AMPERE if pre_ampere else TILE_SIZES
         assert tiles == table["decode" if decode else "prefill"]
-        # fp16 runs on the tensor cores of every card; fp32 never does here
+        # fp16 goes to tl.dot as it is on every card (on the tensor cores from sm_80;
+        # before, Triton multiplies on the CUDA cores: the compile matrix); fp32 upcasts
         assert tiled_launch(torch.float16, capability, decode)[1] is False
         assert tiled_launch(torch.float32, capability, decode)[1] is True
     # the interpreter (no capability) always upcasts: its bf16 arithmetic is wrong

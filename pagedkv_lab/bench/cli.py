@@ -1,4 +1,5 @@
-"""`python -m pagedkv_lab.bench`: the kernel, serve, nanovllm and all commands."""
+"""`python -m pagedkv_lab.bench`: the kernel, serve, nanovllm, compile and all
+commands."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import textwrap
 import torch
 
 from pagedkv_lab.bench.common import ALL_SYSTEMS, SYSTEMS, cpu_model, scaled_chat_trace
+from pagedkv_lab.bench.compile import add_parser as add_compile_parser
+from pagedkv_lab.bench.compile import compile_main
 from pagedkv_lab.bench.kernel import kernel_benchmark, print_kernel_table
 from pagedkv_lab.bench.online import add_online_parser, online_main
 from pagedkv_lab.bench.peers import find_vllm_python
@@ -337,7 +340,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--vllm-python", default=None)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--device", default=None)
+    add_compile_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "compile":  # before the kernels are defined (see compile.py)
+        compile_main(args)
+        return
 
     from pagedkv_lab import kernels  # noqa: F401  (chooses Triton's mode: see its docstring)
     from pagedkv_lab.device import by_device, device_report, pick_device

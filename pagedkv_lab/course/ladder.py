@@ -178,11 +178,15 @@ def _pow2(n: int) -> int:
     return 1 << (max(1, n) - 1).bit_length()
 
 
-def _occupancy(card, warps, regs, smem, programs_per_sm):
-    """Programs a multiprocessor holds at once: registers, shared memory, warps."""
-    by_regs = card.regs_per_sm // (min(regs, 255) * 32 * warps)
-    fits = min(card.warps_per_sm // warps, by_regs, card.smem_per_sm // max(smem, 1))
-    return max(1, min(fits, math.ceil(programs_per_sm)))
+def _occupancy(card, warps, regs, smem, programs_per_sm, resident=None):
+    """Programs a multiprocessor holds at once: the compiled kernel's count where
+    the compile matrix has it (``resident``), else an estimate from registers,
+    shared memory and warps; never more than the grid gives it."""
+    if resident is None:
+        by_regs = card.regs_per_sm // (min(regs, 255) * 32 * warps)
+        by_smem = card.smem_per_sm // max(smem, 1)
+        resident = min(card.warps_per_sm // warps, by_regs, by_smem)
+    return max(1, min(resident, math.ceil(programs_per_sm)))
 
 
 def _list_schedule(jobs: list[float], slots: int) -> float:
@@ -193,12 +197,14 @@ def _list_schedule(jobs: list[float], slots: int) -> float:
     return max(free, default=0.0)
 
 
-def _tile_costs(s, card, rows, keys, head_dim, masked_share, r, regs):
+def _tile_costs(s, card, rows, keys, head_dim, masked_share, r, regs, cores=None):
     """Seconds one program spends per tile of ``keys`` keys (prefill and decode):
-    tensor cores (wgmma needs 64 rows a warpgroup), exponentials, other FP32
-    work, and spilled registers; shared with r - 1 other programs on its SM."""
+    tensor cores (wgmma needs 64 rows a warpgroup; ``cores``: the instruction
+    the compiled PTX uses, where known), exponentials, other FP32 work, and
+    spilled registers; shared with r - 1 other programs on its SM."""
     sm = card.sms
     wgmma = rows // max(1, s["num_warps"] // 4) >= 64 and s["num_warps"] % 4 == 0
+    wgmma = wgmma if cores is None else cores == "wgmma"
     rate = card.tensor_flops * (1 if wgmma else card.mma_sync_share) / sm
     flops = 4 * rows * keys * head_dim
     mma = flops / rate if s["dot"] else flops / (2 * card.fp32_per_s / sm)
@@ -212,7 +218,8 @@ def _tile_costs(s, card, rows, keys, head_dim, masked_share, r, regs):
 
 
 def _resources(s, rows, keys, head_dim, itemsize, resources):
-    """(registers a thread, shared memory bytes): compiled where known, else
+    """(registers a thread, shared memory bytes): compiled where known (the
+    compile matrix: registers plus the stack's spilled words), else
     estimated: the fp32 accumulator and scores and the Q tile over the threads
     (with `tl.sum`, the broadcast [rows, keys, head_dim] products too), and the
     pipeline's K/V tiles plus Q in shared memory."""
@@ -265,7 +272,8 @@ def predict_rung(rung: Rung, kind: str, shape: tuple[int, int],
     """The model's time for ``rung`` at ``shape`` ((batch, context) in decode,
     (prompts, tokens) in prefill) on ``card``: ``ms``, the term that binds and
     the occupancy. ``resources``: the compiled kernel's (``n_regs``,
-    ``n_spills``, ``shared``), where a run recorded them."""
+    ``n_spills``, ``shared``, and from the compile matrix ``programs_per_sm``
+    and ``tensor_cores``: `bench.compile.rung_resources`), else estimated."""
     num_heads, kv_heads, d = heads
     group = num_heads // kv_heads
     seqs, length = shape
@@ -290,10 +298,13 @@ def predict_rung(rung: Rung, kind: str, shape: tuple[int, int],
                       for _ in range(seqs) for b in range(0, length, block_q)]
         programs, pieces = len(tiles_each) * kv_heads, 1
     regs, smem = _resources(s, m, keys, d, itemsize, resources)
-    r = _occupancy(card, s["num_warps"], regs, smem, programs / card.sms)
+    got = resources or {}
+    r = _occupancy(card, s["num_warps"], regs, smem, programs / card.sms,
+                   got.get("programs_per_sm"))  # fmt: skip
     masked = 1.0 if s["mask_every_tile"] or kind == "decode" else min(
         1.0, (block_q + keys) / max(1, length / 2))  # the diagonal's tiles
-    tile_s, wgmma = _tile_costs(s, card, m, keys, d, masked, r, regs)
+    tile_s, wgmma = _tile_costs(s, card, m, keys, d, masked, r, regs,
+                                got.get("tensor_cores"))  # fmt: skip
     tile_bytes = 2 * keys * d * itemsize
     l2 = r * tile_bytes / (card.l2_Bps / card.sms)
     tile_s = max(tile_s, l2)  # loads overlap the math (pipelined) up to L2's rate
@@ -349,8 +360,8 @@ PREFILL_LADDER = [
          "accumulator per thread halves (128 -> 64 fp32 registers), no spills; "
          "both variants use wgmma", options=dict(tile_sizes=(128, 64), num_warps=8)),
     Rung("2 pipeline stages", "2 stages of K/V tiles in shared memory, not "
-         "Triton's default 3", "no change: register-bound (160 registers x 256 "
-         "threads: one program per SM; shared memory alone would allow two)",
+         "Triton's default 3", "no change: registers, not shared memory, bound "
+         "the programs per SM (the compiled figures: appendix 04d)",
          options=dict(_BIG)),
 ]  # fmt: skip
 

@@ -366,10 +366,13 @@ def merge_segments(
 #: Decode's 128 keys per tile won a sweep on an H100 (`scripts/kernel_ladder.py
 #: --sections tune`, bf16, Llama-3-8B's heads); prefill's is a first guess.
 TILE_SIZES = {"decode": (16, 128), "prefill": (64, 64)}
-#: Before Ampere (a T4 is sm_75): 64 KiB of shared memory per
-#: multiprocessor, which one 128-key K tile and one V tile of head_dim 128 in
-#: fp16 (32 KiB each) would fill alone. Halved by that arithmetic, not measured.
-TILE_SIZES_PRE_AMPERE = {"decode": (16, 64), "prefill": (32, 64)}
+#: Before Ampere (a T4 is sm_75) tl.dot has no tensor-core path: Triton 3.3 and
+#: later multiply with FMAs on the CUDA cores (triton-lang/triton#5066), the
+#: operands in registers. Of the tiles compiled for sm_75 (the compile matrix,
+#: `book/reports/compiled/kernels.json`, "t4_candidates"), 16 rows x 32 keys is
+#: the largest that spills no register at head_dim 128, in decode and prefill;
+#: 16 x 64 and 32 x 64 spill. Compiled, not yet measured on a T4.
+TILE_SIZES_PRE_AMPERE = {"decode": (16, 32), "prefill": (16, 32)}
 
 
 def tiled_launch(
