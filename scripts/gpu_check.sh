@@ -19,7 +19,9 @@
 #                                 device's busy and idle time from torch.profiler)
 #   nanovllm/MODEL-async.*        --compare-async: one step in flight against none in one
 #                                 process, after an untimed pass, 3 alternating rounds
-#   nanovllm/MODEL-greedy.*       --temperature 0: the same run without the sampler's draws
+#   nanovllm/MODEL-greedy.*       --compare-greedy: greedy decoding against temperature 0.6
+#                                 in one process, after an untimed pass, 3 alternating
+#                                 rounds (the sampler's share)
 #   nanovllm/profile-MODEL.txt    torch.profiler table of 20 decode steps at full batch
 #   pytest.txt, pytest.xml        tests/test_gpu.py and tests/test_attention.py compiled,
 #                                 the exhaustive gpu_sweep cases left out (step tests-sweep
@@ -111,12 +113,13 @@ fi
 # Beyond the 8-minute check: run when the budget allows, or on their own.
 # one process: the published run, an untimed pass, then 3 rounds of each mode (about 7 passes)
 wants nanovllm-async && plan "bench nanovllm Qwen3-0.6B async vs sync" 180 "nanovllm Qwen3-0.6B --compare-async"
-wants nanovllm-greedy && plan "bench nanovllm Qwen3-0.6B greedy" 35 "nanovllm Qwen3-0.6B --temperature 0"
+# the same for greedy decoding against the published temperature: the sampler's share
+wants nanovllm-greedy && plan "bench nanovllm Qwen3-0.6B greedy vs sampled" 180 "nanovllm Qwen3-0.6B --compare-greedy"
 wants ladder && plan "kernel ladder" 300 ladder
 wants bench && plan "bench all" 400 bench
 wants tests-sweep && plan "pytest gpu_sweep" 360 tests-sweep
 # The steps "every step passed" requires: all but the optional ones.
-OPTIONAL="bench nanovllm Qwen3-0.6B async vs sync|bench nanovllm Qwen3-0.6B greedy|kernel ladder|bench all|pytest gpu_sweep"
+OPTIONAL="bench nanovllm Qwen3-0.6B async vs sync|bench nanovllm Qwen3-0.6B greedy vs sampled|kernel ladder|bench all|pytest gpu_sweep"
 BUDGETED=()
 for entry in "${PLAN[@]}"; do
   name=${entry%%|*}
@@ -238,7 +241,7 @@ for entry in "${PLAN[@]}"; do
       tag=$model
       case " $* " in
         *" --compare-async "*) tag="$model-async" ;;
-        *" --temperature 0 "*) tag="$model-greedy" ;;
+        *" --compare-greedy "*) tag="$model-greedy" ;;
       esac
       run_step "$name" "$OUT/nanovllm/$tag.txt" "$limit" \
         "$PY" -m pagedkv_lab.bench nanovllm --model "$model" --no-peers "$@" \

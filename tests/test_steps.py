@@ -1,14 +1,15 @@
 """`bench.steps`: the step clock's spans are tight (the forward pass's starts
 after its inputs are prepared, the sampler's after its batch is built), busy
 time is the union of the device's activity, and `bench.nanovllm.compare_modes`
-alternates the two modes in one process with the order reversed every round.
+(one step in flight or none) and `compare_sampling` (greedy or sampled) alternate
+their two modes in one process with the order reversed every round.
 No timing is asserted: the clock's marks are replaced by a counter, in order."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from pagedkv_lab.bench.nanovllm import compare_modes
+from pagedkv_lab.bench.nanovllm import compare_modes, compare_sampling
 from pagedkv_lab.bench.steps import StepClock, device_busy_seconds
 from pagedkv_lab.llm import LLM
 from pagedkv_lab.sampling_params import SamplingParams
@@ -102,6 +103,35 @@ def test_compare_modes_alternates_in_one_process_with_the_order_reversed():
     assert seen == [True, True, False, False, True, True, False]
     assert out["async_over_sync"]["median"] == 2.0 and out["sync"]["min"] == 100.0
     assert engine.async_scheduling is True  # put back as it was
+
+
+def test_compare_sampling_alternates_greedy_and_sampled_in_one_process():
+    """One untimed pass at the published temperature, then 3 rounds: greedy
+    first, then sampled first, then greedy first; the engine is never told to
+    change its scheduling; a greedy run as the "sampled" side is refused."""
+    seen = []
+
+    class Engine:
+        async_scheduling = True
+
+    def fake_serve(llm, prompts, max_tokens, temperature, floor):
+        seen.append(temperature)
+        return {"tok_s": 110.0 if temperature == 0 else 100.0}
+
+    import pagedkv_lab.bench.nanovllm as nanovllm
+
+    real, nanovllm.serve_timed = nanovllm.serve_timed, fake_serve
+    try:
+        out = compare_sampling(Engine(), [], [], 0.6, None, rounds=3)
+        with pytest.raises(ValueError, match="greedy"):
+            compare_sampling(Engine(), [], [], 0.0, None, rounds=3)
+        with pytest.raises(ValueError, match="odd"):
+            compare_sampling(Engine(), [], [], 0.6, None, rounds=4)
+    finally:
+        nanovllm.serve_timed = real
+    assert seen == [0.6, 0.0, 0.6, 0.6, 0.0, 0.0, 0.6]
+    assert out["greedy_over_sampled"]["per_round"] == [1.1, 1.1, 1.1]
+    assert out["greedy"]["median"] == 110.0 and out["sampled"]["max"] == 100.0
 
 
 def test_step_over_floor_measures_decode_steps_against_their_bytes():

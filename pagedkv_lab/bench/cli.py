@@ -129,8 +129,13 @@ def _add_nanovllm_parser(sub) -> None:
     np_.add_argument("--compare-async", action="store_true",
                      help="after the run, in this process: one untimed pass, then one "
                      "step in flight against none in alternating rounds (--rounds)")
+    np_.add_argument("--compare-greedy", action="store_true",
+                     help="after the run, in this process: one untimed pass, then greedy "
+                     "decoding against --temperature in alternating rounds (--rounds): "
+                     "the sampler's share")
     np_.add_argument("--rounds", type=int, default=3,
-                     help="rounds of each mode for --compare-async (odd, at least 3)")
+                     help="rounds of each mode for --compare-async and --compare-greedy "
+                     "(odd, at least 3)")
     np_.add_argument("--profile", nargs="?", const="", default=None, metavar="PATH",
                      help="after the timed run, profile 20 decode steps at full batch "
                      "with torch.profiler and write its table to PATH (default: "
@@ -161,7 +166,8 @@ def _nanovllm_main(args, device: torch.device) -> None:
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=memory,
         enforce_eager=args.enforce_eager, peers=not args.no_peers,
         async_scheduling=args.async_scheduling,
-        compare_async=args.compare_async, rounds=args.rounds,
+        compare_async=args.compare_async, compare_greedy=args.compare_greedy,
+        rounds=args.rounds,
         profile=(args.profile or f"nanovllm-profile-{args.model.replace('/', '_')}.txt")
         if args.profile is not None else None,
     )  # fmt: skip
