@@ -22,9 +22,13 @@ Two ways to run it:
 * ``python scripts/vllm_client.py --url URL [--url URL2 ...]``: against servers
   you started (`client_main`);
 * ``python -m pagedkv_lab.bench online``: starts our server and, where a vLLM
-  python is given (``--vllm-python`` or ``$PAGEDKV_VLLM_PYTHON``), vLLM's, one
-  after the other with the same model, KV bytes and limits, replays the same
-  trace against each, and prints them side by side (`online_main`).
+  python is given (``--vllm-python`` or ``$PAGEDKV_VLLM_PYTHON``), vLLM's, with
+  the same model, KV bytes and limits, replays the same trace against each, and
+  prints them side by side (`online_main`).
+
+Either way the servers take turns (`measure_servers`): at every rate each round
+replays the trace against every server, one at a time, the order reversed every
+round, and each server's median round is reported.
 """
 
 from __future__ import annotations
@@ -265,28 +269,39 @@ def _median_row(rows: list[dict]) -> dict:
     return ranked[(len(ranked) - 1) // 2]
 
 
-def measure(url, model, prompts, max_tokens, rates, args) -> tuple[list[dict], list]:
-    """Replay the trace at every rate (``args.repeats`` rounds each) against one
-    server; return its median rows and each rate's records of that round."""
-    rows, records = [], []
+def measure_servers(servers: dict[str, tuple[str, str]], prompts, max_tokens, rates,
+                    args) -> tuple[dict[str, list[dict]], dict[str, list]]:  # fmt: skip
+    """Replay the trace against every server, ``servers`` mapping a name to its
+    ``(url, model)``: each is warmed up first; then at every rate, ``args.repeats``
+    rounds, each round replaying the trace against every server in turn, the
+    order reversed every round (the first server first in even rounds), so that
+    neither inherits a machine the other left busier or colder. Returns, per
+    server, its median round's row at every rate and that round's records."""
+    names = list(servers)
     warm = min(args.warmup, len(prompts))
     if warm:  # first requests pay one-time costs (allocation, kernel caches)
-        replay(url, model, prompts[:warm], max_tokens[:warm], [0.0] * warm,
-               True, args.timeout, 0)  # fmt: skip
+        for url, model in servers.values():
+            replay(url, model, prompts[:warm], max_tokens[:warm], [0.0] * warm,
+                   True, args.timeout, 0)  # fmt: skip
+    rows = {name: [] for name in names}
+    records = {name: [] for name in names}
     for rate in rates:
         arrivals = poisson_arrivals(len(prompts), rate, args.arrival_seed)
-        rounds = []
-        for _ in range(args.repeats):
-            recs = replay(url, model, prompts, max_tokens, arrivals,
-                          not args.no_stream, args.timeout, args.max_concurrency)  # fmt: skip
-            rounds.append((summarise(recs, rate), recs))
-        row = _median_row([r for r, _ in rounds])
-        row["rounds_out_tok_per_s"] = [r["out_tok_per_s"] for r, _ in rounds]
-        rows.append(row)
-        records.append(next(recs for r, recs in rounds if r is row))
-        bad = next((r.error for r in records[-1] if r.error), None)
-        if bad:
-            print(f"  {url}: a request failed: {bad}")
+        rounds = {name: [] for name in names}
+        for r in range(args.repeats):
+            for name in names if r % 2 == 0 else names[::-1]:
+                url, model = servers[name]
+                recs = replay(url, model, prompts, max_tokens, arrivals,
+                              not args.no_stream, args.timeout, args.max_concurrency)  # fmt: skip
+                rounds[name].append((summarise(recs, rate), recs))
+        for name in names:
+            row = _median_row([r for r, _ in rounds[name]])
+            row["rounds_out_tok_per_s"] = [r["out_tok_per_s"] for r, _ in rounds[name]]
+            rows[name].append(row)
+            records[name].append(next(recs for r, recs in rounds[name] if r is row))
+            bad = next((r.error for r in records[name][-1] if r.error), None)
+            if bad:
+                print(f"  {servers[name][0]}: a request failed: {bad}")
     return rows, records
 
 
@@ -376,8 +391,8 @@ def client_main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--url", nargs="+", action="extend", default=None,
-        help="one or more servers (default http://localhost:8000); each is "
-        "replayed in turn, and printed side by side",
+        help="one or more servers (default http://localhost:8000), replayed in "
+        "rounds that alternate them (--repeats), and printed side by side",
     )  # fmt: skip
     p.add_argument("--name", nargs="+", default=None, help="a column name per --url")
     p.add_argument("--model", default=None, help="default: each server's first")
@@ -396,16 +411,15 @@ def client_main(argv: list[str] | None = None) -> None:
             arrivals = poisson_arrivals(len(prompts), rate, args.arrival_seed)
             print(f"rate {rate:g} req/s: last arrival at {arrivals[-1]:.2f} s")
         return
-    results, records = {}, {}
+    servers = {}
     for name, url in zip(names, urls):
         try:
             model = args.model or server_model(url)
         except (urllib.error.URLError, OSError) as err:
             raise SystemExit(f"no server at {url} ({err}): start it first") from None
         print(f"{name}: {url}, model {model}")
-        results[name], records[name] = measure(
-            url, model, prompts, max_tokens, args.rate, args
-        )
+        servers[name] = (url, model)
+    results, records = measure_servers(servers, prompts, max_tokens, args.rate, args)
     print_side_by_side(results, _compare(results, records))
     if args.out:
         _write(args.out, results, records)
@@ -489,9 +503,10 @@ def online_commands(args, model_dir: str | None, port: int, vllm: bool) -> list[
 
 
 def online_main(args) -> None:
-    """``python -m pagedkv_lab.bench online``: start each server in turn (ours,
-    then vLLM's where a vLLM python is found), warm it up, replay the trace at
-    every rate, stop it; print them side by side."""
+    """``python -m pagedkv_lab.bench online``: start the servers (ours, then
+    vLLM's where a vLLM python is found), warm each up, replay the trace at every
+    rate in rounds that alternate the servers (`measure_servers`), stop them;
+    print them side by side."""
     from pagedkv_lab.bench.peers import _save_for_vllm, find_vllm_python
 
     prompts, max_tokens = _trace(args)
@@ -508,27 +523,31 @@ def online_main(args) -> None:
     print(
         f"model {args.model}, KV budget {args.budget_requests} x {args.max_model_len} "
         f"tokens, blocks of {args.block_size} (vLLM {args.vllm_block_size}, "
-        f"{args.vllm_mode}), {threads} threads per server; servers run one at a time"
+        f"{args.vllm_mode}), {threads} threads per server; both servers up, one "
+        "replaying at a time, in alternating rounds"
     )
-    results, records = {}, {}
     with tempfile.TemporaryDirectory(prefix="pagedkv-online-") as tmp:
         model_dir = _save_for_vllm(args.model, tmp) if args.vllm_python else None
-        for name in systems:
-            port = _free_port()
-            cmd = online_commands(args, model_dir, port, vllm=name == "vllm")
-            log = Path(args.log_dir or tmp) / f"{name}-server.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            server = LaunchedServer(name, cmd, env, log, port)
-            try:
+        launched: list[LaunchedServer] = []
+        try:
+            for name in systems:  # started one at a time; each idles while not replayed
+                port = _free_port()
+                cmd = online_commands(args, model_dir, port, vllm=name == "vllm")
+                log = Path(args.log_dir or tmp) / f"{name}-server.log"
+                log.parent.mkdir(parents=True, exist_ok=True)
+                server = LaunchedServer(name, cmd, env, log, port)
+                launched.append(server)
                 start = time.perf_counter()
                 server.wait_ready(args.startup_timeout)
                 print(
                     f"{name}: up in {time.perf_counter() - start:.0f} s at {server.url}"
                 )
-                results[name], records[name] = measure(
-                    server.url, args.model, prompts, max_tokens, args.rate, args
-                )
-            finally:
+            results, records = measure_servers(
+                {s.name: (s.url, args.model) for s in launched},
+                prompts, max_tokens, args.rate, args,
+            )  # fmt: skip
+        finally:
+            for server in launched:
                 server.stop()
     identical = _compare(results, records)
     if args.reference:
