@@ -54,7 +54,8 @@ class BlockAllocator:
             )
         if self.ref_counts[block] == 0:
             raise ValueError(
-                f"cannot {verb} block {block}: it is not allocated (double free?)"
+                f"cannot {verb} block {block}: not allocated "
+                "(never was, or already freed)"
             )
 
     def allocate(self) -> int:
