@@ -16,7 +16,8 @@ from pagedkv_lab.engine.sequence import Sequence
 
 
 class OutOfBlocksError(RuntimeError):
-    """No free block is left (the caller should have asked `can_allocate` first)."""
+    """No free block is left (the caller should have asked `can_allocate`
+    first)."""
 
 
 class BlockAllocator:

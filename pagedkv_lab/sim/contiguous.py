@@ -139,7 +139,8 @@ class BuddyAllocator(ContiguousAllocator):
 
     def __init__(self, num_slots: int):
         super().__init__(num_slots, "buddy")
-        self.free_blocks: dict[int, set[int]] = {}  # order -> starts of free blocks
+        # order -> starts of the free blocks of that order
+        self.free_blocks: dict[int, set[int]] = {}
         self.initial: dict[int, int] = {}  # start -> order, of the tiling blocks
         start = 0
         for order in range(num_slots.bit_length() - 1, -1, -1):
@@ -230,7 +231,8 @@ def pool_segments(
     waiting_need: int | None = None,
     blocked: bool | None = None,
 ) -> list[tuple[int, int, str]]:
-    """Cut a contiguous pool into ``(start, length, state)`` runs, in address order.
+    """Cut a contiguous pool into ``(start, length, state)`` runs, in address
+    order.
 
     ``layout`` lists ``(start, length, request id, final length, reserved)`` per
     region, where ``reserved`` is what the policy asked for (the allocator may have
@@ -253,7 +255,8 @@ def pool_segments(
             and waiting_need <= free
             and all(n < waiting_need for _, n in gaps)
         )
-    segments = [(a, n, "external" if blocked else "free") for a, n in gaps if n > 0]
+    gap_state = "external" if blocked else "free"
+    segments = [(a, n, gap_state) for a, n in gaps if n > 0]
     for start, length, rid, final, asked in layout:
         used = min(held.get(rid, 0), asked)
         will_use = min(asked, final)
@@ -443,7 +446,8 @@ class _RegionLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != 1:
             raise ValueError(
-                f"a region holds one sequence, got a batch of {key_states.shape[0]}"
+                "a region holds one sequence, got a batch of "
+                f"{key_states.shape[0]}"
             )
         new = key_states.shape[-2]
         if self._len + new > self._k.shape[1]:
