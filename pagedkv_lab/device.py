@@ -30,7 +30,8 @@ def pick_device(prefer: str | None = None) -> torch.device:
 
 
 def triton_mode() -> str:
-    """How Triton kernels run here: "gpu" (compiled), "interpreter" or "unavailable"."""
+    """How Triton kernels run here: "gpu" (compiled), "interpreter" or
+    "unavailable"."""
     if importlib.util.find_spec("triton") is None:
         return "unavailable"
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -39,14 +40,15 @@ def triton_mode() -> str:
 
 
 def by_device(cpu: T, gpu: T, device: torch.device | None = None) -> T:
-    """Pick a size by device: small on a CPU, so that chapters run in seconds; real on
-    a GPU."""
+    """Pick a size by device: small on a CPU, so that chapters run in seconds;
+    real on a GPU."""
     device = device if device is not None else pick_device()
     return gpu if device.type == "cuda" else cpu
 
 
 def device_report(device: torch.device | None = None) -> dict[str, str]:
-    """Versions and hardware, as strings, for the top of a benchmark or bug report."""
+    """Versions and hardware, as strings, for the top of a benchmark or bug
+    report."""
     import transformers
 
     device = device if device is not None else pick_device()
@@ -69,7 +71,8 @@ def device_report(device: torch.device | None = None) -> dict[str, str]:
         report["gpu memory"] = f"{props.total_memory / 2**30:.1f} GiB"
         card = emulated_card()
         if card is not None:  # the rules of a smaller card (PAGEDKV_EMULATE)
-            report["emulating"] = f"{card.name}, {card.total_memory / 2**30:.1f} GiB"
+            gib = card.total_memory / 2**30
+            report["emulating"] = f"{card.name}, {gib:.1f} GiB"
     return report
 
 
@@ -123,7 +126,9 @@ def default_dtype(device: torch.device | GPUSpec | None = None) -> torch.dtype:
     return torch.bfloat16 if supports_bf16(device) else torch.float16
 
 
-def memory_budget(device: torch.device | GPUSpec | None, fraction: float) -> int | None:
+def memory_budget(
+    device: torch.device | GPUSpec | None, fraction: float
+) -> int | None:
     """``fraction`` of the card's memory, in bytes, for a benchmark row or a pool
     to stay under; None on a CPU, where the library sets no cap."""
     spec = gpu_spec(device)

@@ -23,7 +23,8 @@ DTYPE_BYTES = {
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
-    """Per-head width: ``config.head_dim`` if set, else ``hidden_size / num_heads``."""
+    """Per-head width: ``config.head_dim`` if set, else
+    ``hidden_size / num_heads``."""
     return (
         getattr(config, "head_dim", None)
         or config.hidden_size // config.num_attention_heads
@@ -43,27 +44,26 @@ class KVSpec:
     def from_config(
         cls, config: PretrainedConfig, dtype: torch.dtype = torch.float16
     ) -> KVSpec:
-        """Read the shape from a transformers config; ``dtype`` is the cache's type."""
-        kv_heads = (
-            getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        )
-        return cls(
-            config.num_hidden_layers, kv_heads, head_dim_of(config), DTYPE_BYTES[dtype]
-        )
+        """Read the shape from a transformers config; ``dtype`` is the cache's
+        type."""
+        kv_heads = getattr(config, "num_key_value_heads", None)
+        kv_heads = kv_heads or config.num_attention_heads
+        layers = config.num_hidden_layers
+        return cls(layers, kv_heads, head_dim_of(config), DTYPE_BYTES[dtype])
 
     @property
     def bytes_per_token(self) -> int:
         """2 (K and V) x layers x KV heads x head_dim x bytes per element."""
-        return (
-            2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
-        )
+        per_layer = self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * per_layer
 
     def bytes_for(self, num_tokens: int) -> int:
         """Bytes to cache ``num_tokens`` tokens, in one request or many."""
         return self.bytes_per_token * num_tokens
 
     def tokens_in(self, num_bytes: float) -> int:
-        """Whole tokens whose K/V fit in ``num_bytes`` (0 if the budget is negative)."""
+        """Whole tokens whose K/V fit in ``num_bytes`` (0 if the budget is
+        negative)."""
         return max(0, int(num_bytes // self.bytes_per_token))
 
 
@@ -77,7 +77,8 @@ def format_bytes(n: float) -> str:
 
 
 def cache_nbytes(cache) -> int:
-    """Bytes of the key and value tensors a transformers ``Cache`` holds right now."""
+    """Bytes of the key and value tensors a transformers ``Cache`` holds right
+    now."""
     return sum(
         t.numel() * t.element_size()
         for layer in cache.layers
@@ -111,7 +112,9 @@ def count_parameters_from_config(config: PretrainedConfig) -> int:
 
 def _shipped_json() -> dict:
     return json.loads(
-        resources.files("pagedkv_lab.configs").joinpath("real_models.json").read_text()
+        resources.files("pagedkv_lab.configs")
+        .joinpath("real_models.json")
+        .read_text()
     )
 
 

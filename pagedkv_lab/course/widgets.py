@@ -450,9 +450,9 @@ def draw_block_table(
     ax.set_xlim(-0.2, 2.6)
     ax.set_ylim(-1.2, top + 3.2)
     ax.text(1.2, top + 1.9, f"block table of\nrequest {rid}", ha="center", fontsize=10)
-    # the column heads on two lines: side by side they would overlap
-    for x, y, text in ((0.5, 0.15, "logical"), (1.7, 0.95, "physical")):
-        ax.text(x, top + y, text, ha="center", fontsize=10, color="#444444")
+    # one head over both columns: two words side by side would overlap
+    ax.text(1.1, top + 0.3, "logical → physical", ha="center", fontsize=9,
+            color="#444444")  # fmt: skip
     for i, block in enumerate(shown):
         y = top - 1 - i
         ax.add_patch(plt.Rectangle((0.1, y + 0.05), 0.8, 0.9, fc="white", ec="#999999"))

@@ -16,7 +16,8 @@ from pagedkv_lab.engine.sequence import Sequence
 
 
 class OutOfBlocksError(RuntimeError):
-    """No free block is left (the caller should have asked `can_allocate` first)."""
+    """No free block is left (the caller should have asked `can_allocate`
+    first)."""
 
 
 class BlockAllocator:
@@ -54,7 +55,8 @@ class BlockAllocator:
             )
         if self.ref_counts[block] == 0:
             raise ValueError(
-                f"cannot {verb} block {block}: it is not allocated (double free?)"
+                f"cannot {verb} block {block}: not allocated "
+                "(never was, or already freed)"
             )
 
     def allocate(self) -> int:

@@ -17,7 +17,8 @@ from pagedkv_lab.sim.workloads import Request
 
 
 class OutOfMemoryError(RuntimeError):
-    """No free region is large enough (the caller should have asked `can_allocate`)."""
+    """No free region is large enough (the caller should have asked
+    `can_allocate`)."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class ContiguousAllocator:
             )
         if fit not in ("first", "best", "buddy"):
             raise ValueError(
-                f"fit must be 'first' or 'best' (or 'buddy' through make_allocator), "
-                f"got {fit!r}"
+                "fit must be 'first' or 'best' (or 'buddy' through "
+                f"make_allocator), got {fit!r}"
             )
         self.num_slots, self.fit = num_slots, fit
         self.regions: dict[object, Region] = {}  # owner -> its region
@@ -74,7 +75,8 @@ class ContiguousAllocator:
         return max((g.length for g in self.gaps()), default=0)
 
     def size_for(self, n: int) -> int:
-        """Slots a request for ``n`` takes: ``n`` here (a buddy allocator rounds up)."""
+        """Slots a request for ``n`` takes: ``n`` here (a buddy allocator
+        rounds up)."""
         return n
 
     def _place(self, n: int) -> Region | None:
@@ -137,7 +139,8 @@ class BuddyAllocator(ContiguousAllocator):
 
     def __init__(self, num_slots: int):
         super().__init__(num_slots, "buddy")
-        self.free_blocks: dict[int, set[int]] = {}  # order -> starts of free blocks
+        # order -> starts of the free blocks of that order
+        self.free_blocks: dict[int, set[int]] = {}
         self.initial: dict[int, int] = {}  # start -> order, of the tiling blocks
         start = 0
         for order in range(num_slots.bit_length() - 1, -1, -1):
@@ -150,7 +153,8 @@ class BuddyAllocator(ContiguousAllocator):
         return next_pow2(n)
 
     def _smallest_free(self, order: int) -> tuple[int, int] | None:
-        """(order, start): the lowest free block of the smallest order >= ``order``."""
+        """(order, start): the lowest free block of the smallest order
+        >= ``order``."""
         for j in sorted(self.free_blocks):
             if j >= order and self.free_blocks[j]:
                 return j, min(self.free_blocks[j])
@@ -183,7 +187,8 @@ class BuddyAllocator(ContiguousAllocator):
         buddy is free, and the merged block tries again one order up, until it is
         one of the initial blocks."""
         region = self.regions.get(owner)
-        ContiguousAllocator.free(self, owner)  # KeyError for an owner that holds nothing
+        # KeyError for an owner that holds nothing
+        ContiguousAllocator.free(self, owner)
         start, order = region.start, region.length.bit_length() - 1
         while self.initial.get(start) != order:
             buddy = start ^ (1 << order)
@@ -226,7 +231,8 @@ def pool_segments(
     waiting_need: int | None = None,
     blocked: bool | None = None,
 ) -> list[tuple[int, int, str]]:
-    """Cut a contiguous pool into ``(start, length, state)`` runs, in address order.
+    """Cut a contiguous pool into ``(start, length, state)`` runs, in address
+    order.
 
     ``layout`` lists ``(start, length, request id, final length, reserved)`` per
     region, where ``reserved`` is what the policy asked for (the allocator may have
@@ -249,7 +255,8 @@ def pool_segments(
             and waiting_need <= free
             and all(n < waiting_need for _, n in gaps)
         )
-    segments = [(a, n, "external" if blocked else "free") for a, n in gaps if n > 0]
+    gap_state = "external" if blocked else "free"
+    segments = [(a, n, gap_state) for a, n in gaps if n > 0]
     for start, length, rid, final, asked in layout:
         used = min(held.get(rid, 0), asked)
         will_use = min(asked, final)
@@ -265,16 +272,21 @@ def pool_segments(
 
 
 class ReservingPool:
-    """A ``MemoryPool`` (see ``pagedkv_lab.sim.workloads``) that reserves one contiguous
-    region per request at admission, sized by a reservation ``policy``, from a
-    first-fit, best-fit or buddy (``fit="buddy"``) allocator."""
+    """A ``MemoryPool`` (see ``pagedkv_lab.sim.workloads``) that reserves one
+    contiguous region per request at admission, sized by a reservation
+    ``policy``, from a first-fit, best-fit or buddy (``fit="buddy"``) allocator."""
 
     def __init__(
-        self, capacity: int, max_model_len: int, policy: str = "max", fit: str = "first"
+        self,
+        capacity: int,
+        max_model_len: int,
+        policy: str = "max",
+        fit: str = "first",
     ):
         if max_model_len > capacity:
             raise ValueError(
-                f"max_model_len={max_model_len} does not fit a pool of {capacity} slots"
+                f"max_model_len={max_model_len} does not fit a pool of "
+                f"{capacity} slots"
             )
         # Reject an unknown policy now rather than at the first admission.
         reservation(Request(0, 0.0, 1, 1), policy, max_model_len)
@@ -323,7 +335,8 @@ class ContiguousPool(ReservingPool):
             return False
         need = self.need(head)
         size = self.allocator.size_for(need)
-        return size <= self.allocator.num_free and not self.allocator.can_allocate(need)
+        fits_in_total = size <= self.allocator.num_free
+        return fits_in_total and not self.allocator.can_allocate(need)
 
     def usage(
         self, held: dict[int, int], waiting_head: Request | None
@@ -433,7 +446,8 @@ class _RegionLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         if key_states.shape[0] != 1:
             raise ValueError(
-                f"a region holds one sequence, got a batch of {key_states.shape[0]}"
+                "a region holds one sequence, got a batch of "
+                f"{key_states.shape[0]}"
             )
         new = key_states.shape[-2]
         if self._len + new > self._k.shape[1]:

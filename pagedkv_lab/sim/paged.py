@@ -100,9 +100,8 @@ def slot_mapping(
                 f"start {start} outside a sequence of {table.num_tokens} tokens"
             )
         bs = table.block_size
-        slots.extend(
-            table.blocks[p // bs] * bs + p % bs for p in range(start, table.num_tokens)
-        )
+        positions = range(start, table.num_tokens)
+        slots.extend(table.blocks[p // bs] * bs + p % bs for p in positions)
     return torch.tensor(slots, dtype=torch.int64, device=device)
 
 
@@ -148,7 +147,8 @@ class PagedPool:
                 f"request {req.id} needs {req.total_len} tokens, "
                 f"more than max_model_len={self.max_model_len}"
             )
-        if -(-req.total_len // self.allocator.block_size) > self.allocator.num_blocks:
+        blocks_needed = -(-req.total_len // self.allocator.block_size)
+        if blocks_needed > self.allocator.num_blocks:
             raise ValueError(
                 f"request {req.id} needs {req.total_len} tokens; "
                 f"the whole pool holds {self.capacity}"
