@@ -374,5 +374,5 @@ def test_pages_load_no_script_twice_and_no_viewer_where_there_is_none(site, brow
     assert sum("poolviewer.js" in s for s in scripts) == 1
     assert not page.query_selector_all(".pkv-fallback")  # replaced by the viewer
     page.close()
-    html = (site / "notebooks" / "04_attention.html").read_text()
+    html = (site / "notebooks" / "04a_attention_over_blocks.html").read_text()
     assert "poolviewer.js" not in html and "widget-state" not in html
