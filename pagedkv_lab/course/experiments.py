@@ -9,6 +9,7 @@ loaded ``(model, tokenizer)`` pair (faster when a sweep builds many engines).
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -546,14 +547,22 @@ def _engine_runner(model, num_blocks: int, block_size: int, max_model_len: int):
     return ModelRunner(model, num_blocks, block_size, max_model_len)
 
 
-def _best_seconds(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _median_seconds(fns: dict, rounds: int) -> dict[str, tuple[float, float]]:
+    """Each of ``fns`` timed ``rounds`` times after one warm-up call, in
+    interleaved rounds (a burst of other work on a shared machine then lands on
+    all of them, not on one): its median seconds, and the spread of its
+    times (the slowest over the fastest)."""
+    for fn in fns.values():
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {
+        name: (statistics.median(ts), max(ts) / min(ts)) for name, ts in times.items()
+    }
 
 
 def copy_bandwidth(
@@ -564,8 +573,9 @@ def copy_bandwidth(
 ) -> list[dict]:
     """Swap-out bandwidth (device cache -> host pool) against the number of
     blocks moved at once, copying block by block and layer by layer (one small
-    copy per block, layer and K/V) or batched (`PagedKVCache.swap_out`: one
-    gather and one transfer for all of them). GB/s counts the bytes moved."""
+    copy per block, layer and K/V) or through `PagedKVCache.swap_out` (on a GPU
+    one gather and one transfer for all of them; on a CPU one copy per block).
+    GB/s counts the bytes moved, over the median of ``repeats`` timings."""
     from pagedkv_lab.engine.kv_cache import PagedKVCache
     from pagedkv_lab.models import load_model
 
@@ -585,8 +595,11 @@ def copy_bandwidth(
                         cache.host[layer, kv, c].copy_(cache.data[layer, kv, g])
 
         nbytes = n * cache.bytes_per_block
-        slow = _best_seconds(one_by_one, repeats)
-        fast = _best_seconds(lambda moves=moves: cache.swap_out(moves), repeats)
+        timed = _median_seconds(
+            {"slow": one_by_one, "fast": lambda moves=moves: cache.swap_out(moves)},
+            repeats,
+        )
+        (slow, _), (fast, _) = timed["slow"], timed["fast"]
         rows.append(
             {
                 "blocks": n,
@@ -603,12 +616,14 @@ def recompute_and_swap_seconds(
     model="small-llama",
     lengths=(16, 64, 256, 1024),
     block_size: int = 16,
-    repeats: int = 3,
+    repeats: int = 5,
     device=None,
 ) -> list[dict]:
     """For a sequence of each length: seconds to recompute its K/V (one prefill
-    forward pass of that many tokens) and to swap it out and back in (both
-    batched copies), measured on this device."""
+    forward pass of that many tokens) and to swap it out and back in
+    (`PagedKVCache.swap_out` and `swap_in`), measured on this device: the median
+    of ``repeats`` interleaved rounds after a warm-up (`_median_seconds`), with
+    each one's spread (slowest over fastest round; near 1 on a quiet machine)."""
     from pagedkv_lab.engine.model_runner import ModelRunner
     from pagedkv_lab.engine.sequence import Sequence
     from pagedkv_lab.models import load_model
@@ -620,7 +635,7 @@ def recompute_and_swap_seconds(
     blocks = -(-top // block_size)
     runner = ModelRunner(loaded, blocks, block_size, top + 1, swap_blocks=blocks)
     cache = runner.kv_cache
-    rows = []
+    fns, rows = {}, []
     for n in lengths:
         (prompt,) = prompts_for([n], seed=n)
         used = -(-n // block_size)
@@ -638,14 +653,12 @@ def recompute_and_swap_seconds(
             if cache.data.is_cuda:
                 torch.cuda.synchronize()
 
-        rows.append(
-            {
-                "tokens": n,
-                "recompute_s": _best_seconds(prefill, repeats),
-                "swap_s": _best_seconds(swap, repeats),
-                "swap_bytes": 2 * used * cache.bytes_per_block,
-            }
-        )
+        fns[n, "recompute"], fns[n, "swap"] = prefill, swap
+        rows.append({"tokens": n, "swap_bytes": 2 * used * cache.bytes_per_block})
+    timed = _median_seconds(fns, repeats)
+    for row in rows:
+        for what in ("recompute", "swap"):
+            row[f"{what}_s"], row[f"{what}_spread"] = timed[row["tokens"], what]
     return rows
 
 

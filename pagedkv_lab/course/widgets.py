@@ -912,7 +912,9 @@ def cache_legend_handles() -> list:
         "cached": "cached, free (LRU)",
         "free": "free",
     }
-    return [Patch(fc=COLORS[s], label=names[s]) for s in CACHE_STATES]
+    # an edge, so that the pale "free" swatch shows on a white legend
+    return [Patch(fc=COLORS[s], ec="#888888", lw=0.6, label=names[s])
+            for s in CACHE_STATES]  # fmt: skip
 
 
 def prefix_cache_viewer(requests, capacity_blocks: int, block_size: int = 16):
