@@ -12,6 +12,7 @@ and blocks but compute nothing: finished members of a static batch) and
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 
@@ -113,7 +114,7 @@ def plot_batching(
     palette = ["#f4f4f4", COLORS["internal"], COLORS["used"], "#bbbbbb", "#ffffff"]
     names = ["waiting", "prefill", "decode", "finished, slot and blocks held", "done"]
     fig, axes = plt.subplots(
-        3, 1, figsize=(9, 7.2), sharex=True, height_ratios=[1, 1, 0.8]
+        3, 1, figsize=(7, 6.6), sharex=True, height_ratios=[1, 1, 0.8]
     )
     for ax, steps, label in zip(axes, (static, continuous), ("static", "continuous")):
         grid = timeline_matrix(steps, n, prompt_lens)
@@ -122,11 +123,13 @@ def plot_batching(
         cmap = ListedColormap(palette + ["#ffffff"])
         ax.imshow(shown, aspect="auto", cmap=cmap, vmin=0, vmax=5, interpolation="none")
         ax.set_ylabel("request")
-        ax.set_title(f"{label} batching: {len(steps)} steps", fontsize=10)
+        ax.set_title(f"{label} batching: {len(steps)} steps", fontsize=11)
+        ax.tick_params(labelsize=10)
+        ax.yaxis.label.set_size(11)
         ax.grid(False)
     handles = [Patch(color=c, label=t) for c, t in zip(palette[:4], names[:4])]
     axes[0].legend(
-        handles=handles, ncol=4, fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.12)
+        handles=handles, ncol=2, fontsize=10, loc="lower left", bbox_to_anchor=(0, 1.12)
     )
     ax = axes[2]
     for steps, label, color in ((static, "static", SERIES[1]), (continuous, "continuous", SERIES[0])):
@@ -135,8 +138,11 @@ def plot_batching(
     ax.set_ylabel("KV blocks held")
     ax.set_xlabel("step")
     ax.set_xlim(-0.5, width - 0.5)
-    ax.legend(fontsize=8, loc="upper right", ncol=3)
-    fig.suptitle(title, fontsize=10)
+    ax.legend(fontsize=10, loc="upper right", ncol=3)
+    ax.tick_params(labelsize=10)
+    ax.xaxis.label.set_size(11)
+    ax.yaxis.label.set_size(11)
+    fig.suptitle(textwrap.fill(title, 70), fontsize=11)
     fig.tight_layout()
     return fig
 

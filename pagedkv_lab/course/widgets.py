@@ -782,6 +782,7 @@ def beam_legend_handles() -> list:
         Patch(fc=COLORS["shared"], label="block shared (ref > 1)"),
         Patch(fc="white", ec="black", lw=2, label="copied into this step"),
         Patch(fc="white", ec="#e69f00", lw=2, ls="--", label="written in place"),
+        Patch(fc="white", ec=COLORS["used"], label="white part: slots not yet filled"),
     ]
 
 
