@@ -181,23 +181,26 @@ def plot_q_block_and_tiles(group: int, block_q: int, block_size: int, tile_n: in
 
 
 def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
-    """One panel per shape, one bar per rung (`bench.kernel.committed_ladder`
-    rows): decode bars are GB/s of K/V against the copy bandwidth (dashed),
-    prefill bars time over causal SDPA (the line at 1; dotted, the course's goal
-    `PREFILL_GOAL_OVER_SDPA`). Blue: a kernel timed as
-    CUDA-graph replays; orange: the PyTorch path, timed as launched from Python
-    (it reads lengths back to the host and cannot be captured); a rung with no
-    committed measurement says so instead of a bar. Each bar is labelled with
-    its time over the bar's baseline."""
+    """One panel per shape, one bar per measured rung
+    (`bench.kernel.committed_ladder` rows): decode bars are GB/s of K/V against
+    the copy bandwidth (dashed), each labelled with its share of that bandwidth;
+    prefill bars are time over causal SDPA (the line at 1; dotted, the course's
+    goal `PREFILL_GOAL_OVER_SDPA`), each labelled with that ratio. Blue: a kernel
+    timed as CUDA-graph replays; orange: the PyTorch path, timed as launched from
+    Python (it reads lengths back to the host and cannot be captured). Only the
+    rungs measured in some panel get a slot; the figure names the rungs that no
+    panel measured, and a slot a panel lacks says "not measured"."""
     rows = [r for r in rows if r["kind"] == kind]
     drawn = set()  # the bar colours used, so that the legend names only those
-    unmeasured = False
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    rungs = sorted({r["rung"] for r in rows})
+    every = sorted({r["rung"] for r in rows})
+    shown = sorted({r["rung"] for r in rows if r.get("measured") or r.get("at_least")})
+    never = [i for i in every if i not in shown]
+    slot = {rung: x for x, rung in enumerate(shown)}
     # decode: two rows of two panels; prefill (many rungs): one panel a row
     ncols = 2 if kind == "decode" and len(shapes) == 4 else 1
     nrows = -(-len(shapes) // ncols)
-    height = (3.3 if ncols == 2 else 2.5) * nrows + 0.9
+    height = (3.3 if ncols == 2 else 2.5) * nrows + 1.1
     fig, axes = plt.subplots(nrows, ncols, figsize=(8, height),
                              sharey=kind == "prefill", squeeze=False)  # fmt: skip
     axes = [list(axes.flat)]
@@ -208,23 +211,23 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
         if kind == "prefill":
             top = max([r.get(ratio_key) or 0 for r in mine.values()]
                       + [PREFILL_GOAL_OVER_SDPA])  # fmt: skip
-        missing = []  # rungs with no committed measurement: one note a panel
-        for i in rungs:
-            r = mine[i]
+        for i in shown:
+            r, x = mine.get(i, {}), slot[i]
             value = r.get("GBps") if kind == "decode" else r.get(ratio_key)
             if not r.get("measured") or value is None:
-                unmeasured = True
-                missing.append(i)
-                if r.get("at_least"):
-                    ax.text(i, top * 0.03, f">= {r['at_least']:.2f}x\n(sweep's best)",
-                            rotation=90, ha="center", va="bottom", fontsize=9,
-                            color="#555555")  # fmt: skip
+                note = (f"time >= {r['at_least']:.2f}x\nSDPA's (sweep's best)"
+                        if r.get("at_least") else "not measured")  # fmt: skip
+                ax.text(x, top * 0.03, note, rotation=90, ha="center", va="bottom",
+                        fontsize=9, color="#555555")  # fmt: skip
                 continue
             color = MEASURED_LAUNCHED if r.get("timed") == "launched" else MEASURED_KERNEL
-            ax.bar(i, value, color=color, width=0.7)
+            ax.bar(x, value, color=color, width=0.7)
             drawn.add(color)
+            label = f"{r[ratio_key]:.2f}x"
+            if kind == "decode":  # the axis's own quantity: a share of the copy
+                label = f"{value / r['copy_GBps']:.0%}" if r.get("copy_GBps") else ""
             inside = value > top * 0.3  # the label inside a tall bar, else above it
-            ax.text(i, value + (-1 if inside else 1) * top * 0.02, f"{r[ratio_key]:.2f}x",
+            ax.text(x, value + (-1 if inside else 1) * top * 0.02, label,
                     ha="center", va="top" if inside else "bottom", fontsize=9,
                     rotation=90, color="white" if inside else "black")  # fmt: skip
         if kind == "decode":
@@ -238,13 +241,9 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
             ax.axhline(PREFILL_GOAL_OVER_SDPA, color="black", ls=":", lw=1)
             ax.set_ylim(0, top * 1.5)
             ax.set_title(f"{shape[0]} prompts x {shape[1]:,} tokens", fontsize=9)
-        if missing:
-            ax.text(0.01, 0.97, f"not yet measured on a GPU: rungs {_spans(missing)}",
-                    transform=ax.transAxes, ha="left", va="top", fontsize=9,
-                    color="#555555")  # fmt: skip
-        ax.set_xticks(rungs)
+        ax.set_xticks(range(len(shown)), [str(i) for i in shown])
         ax.tick_params(axis="x", labelsize=9)
-        ax.set_xlim(min(rungs) - 0.6, max(rungs) + 0.6)
+        ax.set_xlim(-0.6, len(shown) - 0.4)
         ax.set_xlabel("rung")
         ax.grid(axis="x", visible=False)
     for ax in axes[0][::ncols]:
@@ -255,16 +254,20 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     labels = [label for c, label in bars if c in drawn]
     line = plt.Line2D([], [], color="black", ls="--", lw=1)
     handles.append(line)
-    labels.append("copy bandwidth" if kind == "decode" else "causal SDPA")
+    labels.append("copy bandwidth (bar labels: share of it)" if kind == "decode"
+                  else "causal SDPA (bar labels: time over it)")  # fmt: skip
     if kind == "prefill":
         handles.append(plt.Line2D([], [], color="black", ls=":", lw=1))
         labels.append(f"goal: {PREFILL_GOAL_OVER_SDPA}x (geometric mean)")
-    del unmeasured  # each panel names its unmeasured rungs
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9,
                bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+    if never:
+        fig.text(0.5, 0.45 / fig.get_figheight(),
+                 f"not yet measured on a GPU, so not drawn: rungs {_spans(never)}",
+                 ha="center", va="bottom", fontsize=9, color="#555555")  # fmt: skip
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))
+    fig.tight_layout(rect=(0, 0.8 / fig.get_figheight(), 1, 1))
     return fig
 
 

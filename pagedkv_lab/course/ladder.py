@@ -361,7 +361,7 @@ PREFILL_LADDER = [
          "both variants use wgmma", options=dict(tile_sizes=(128, 64), num_warps=8)),
     Rung("2 pipeline stages", "2 stages of K/V tiles in shared memory, not "
          "Triton's default 3", "no change: registers, not shared memory, bound "
-         "the programs per SM (the compiled figures: appendix 04d)",
+         "the programs per SM (the compiled figures: the prefill ladder's model)",
          options=dict(_BIG)),
 ]  # fmt: skip
 

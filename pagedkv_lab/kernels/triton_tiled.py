@@ -366,8 +366,8 @@ def merge_segments(
 #: Decode's 128 keys per tile won a sweep on an H100 (`scripts/kernel_ladder.py
 #: --sections tune`, bf16, Llama-3-8B's heads); prefill's is a first guess.
 TILE_SIZES = {"decode": (16, 128), "prefill": (64, 64)}
-#: Before Ampere (a T4 is sm_75) tl.dot has no tensor-core path: Triton 3.3 and
-#: later multiply with FMAs on the CUDA cores (triton-lang/triton#5066), the
+#: Before Ampere (a T4 is sm_75) tl.dot has no tensor-core path: Triton releases
+#: after Nov. 2024 multiply with FMAs on the CUDA cores (triton-lang/triton#5066), the
 #: operands in registers. Of the tiles compiled for sm_75 (the compile matrix,
 #: `book/reports/compiled/kernels.json`, "t4_candidates"), 16 rows x 32 keys is
 #: the largest that spills no register at head_dim 128, in decode and prefill;
