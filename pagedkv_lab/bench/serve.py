@@ -430,9 +430,10 @@ def print_serve_table(
 
     r0 = rows[0]
     print(title or serve_title(rows))
+    rounds = f"{r0['repeats']} alternating round{'s' * (r0['repeats'] != 1)}"
     print(
-        f"KV budget {r0['budget_kv_MiB']:.1f} MiB, {r0['repeats']} alternating "
-        f"round(s); ratio: tok/s over {r0['system']}'s, same round"
+        f"KV budget {r0['budget_kv_MiB']:.1f} MiB, {rounds}; ratio: tok/s over "
+        f"{r0['system']}'s, same round"
     )
     print(
         f"{'system':14} {'tok/s':>7} {'ratio':>6} {'req/s':>6} {'TTFT50':>7} "
