@@ -58,3 +58,21 @@ def test_pressure_run_reports_recompute_per_generated_token():
                      kv_cache_memory=24 * 8 * 512, max_model_len=128)  # fmt: skip
     assert r["generated"] == sum(len(t) for t in r["tokens"]) == 160
     assert r["recomputed_per_token"] == r["recomputed"] / r["generated"]
+
+
+def test_a_row_can_be_coloured_by_its_own_result():
+    """Two rows of one claim, one on its figure and one off it, take their own
+    colours, and the legend names the rows' results."""
+    from pagedkv_lab.course.audit_plots import ROW_COLORS
+
+    shares = [("on", "C1", (55, 55), 55.0), ("off", "C1", (55, 55), 17.0)]
+    multiples = [("a multiple", "M6", (2.5, 4.5), 4.4)]
+    colour_of = {"on": "on the claimed figure", "off": "off the claimed figure",
+                 "a multiple": "on the claimed figure"}  # fmt: skip
+    fig = plot_claims(shares, multiples, colour_of, title="t", multiple_label="x")
+    dots = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
+    assert [d.get_color() for d in dots] == [ROW_COLORS["on the claimed figure"],
+                                             ROW_COLORS["off the claimed figure"]]
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert labels == {"claimed", "on the claimed figure", "off the claimed figure"}
+    plt.close(fig)

@@ -351,14 +351,15 @@ def _run_peer(setup, temperature, prompts, max_tokens) -> dict:
             "tok_s": tokens / run["seconds"]}  # fmt: skip
 
 
-def print_result(r: dict) -> None:
-    """The run as nano-vllm prints it, then the floor and the peers."""
+def print_result(r: dict, width: int = 88) -> None:
+    """The run as nano-vllm prints it, then the floor and the peers, the long
+    lines wrapped to ``width`` columns."""
     import textwrap
 
     from pagedkv_lab.kvmath import format_bytes
 
     def say(text: str) -> None:
-        print(textwrap.fill(text, 88, subsequent_indent="  "))
+        print(textwrap.fill(text, width, subsequent_indent="  "))
 
     print(f"{r['model']} ({r['dtype']}, random weights), {r['requests']} requests:")
     print(f"Total: {r['output_tokens']}tok, Time: {r['seconds']:.2f}s, "

@@ -606,7 +606,7 @@ def plot_latency_vs_rate(rate: dict, path: str | None = None):
     from pagedkv_lab.course.plotting import SERIES, use_style
 
     use_style()
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    fig, ax = plt.subplots(figsize=(8, 3.4))
     systems = list(dict.fromkeys(r["system"] for r in rate["rows"]))
     for color, system in zip(SERIES, systems):
         mine = [r for r in rate["rows"] if r["system"] == system]
@@ -627,7 +627,8 @@ def plot_latency_vs_rate(rate: dict, path: str | None = None):
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalised latency (ms/token)")
     ax.set_title(f"{rate['model']}, {rate['requests']} requests, Poisson arrivals")
-    ax.legend(fontsize=8, loc="upper left")
+    # beside the axes, where no curve runs under it
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=120)

@@ -417,19 +417,23 @@ def serve_title(rows: list[dict]) -> str:
     return f"serve: {r['model']} on {r['device']} ({r['threads']} threads)"
 
 
-def print_serve_table(rows: list[dict], title: str | None = None) -> None:
+def print_serve_table(
+    rows: list[dict], title: str | None = None, width: int = 88
+) -> None:
     """Print `serve_benchmark` rows under a title naming the model and device.
 
     ``ratio`` is throughput over the first row's, the median of per-round ratios;
-    TTFT and TPOT in seconds; every line fits 88 columns.
+    TTFT and TPOT in seconds; the table is 80 columns wide and the notes under
+    it are wrapped to ``width``.
     """
     import textwrap
 
     r0 = rows[0]
     print(title or serve_title(rows))
+    rounds = f"{r0['repeats']} alternating round{'s' * (r0['repeats'] != 1)}"
     print(
-        f"KV budget {r0['budget_kv_MiB']:.1f} MiB, {r0['repeats']} alternating "
-        f"round(s); ratio: tok/s over {r0['system']}'s, same round"
+        f"KV budget {r0['budget_kv_MiB']:.1f} MiB, {rounds}; ratio: tok/s over "
+        f"{r0['system']}'s, same round"
     )
     print(
         f"{'system':14} {'tok/s':>7} {'ratio':>6} {'req/s':>6} {'TTFT50':>7} "
@@ -453,8 +457,8 @@ def print_serve_table(rows: list[dict], title: str | None = None) -> None:
         spread = "; ".join(
             f"{r['system']} {r['ratio_min']:.2f}-{r['ratio_max']:.2f}" for r in rows[1:]
         )
-        print(textwrap.fill(f"ratio per round, min-max: {spread}", 88))
-    print(textwrap.fill(PEAK_KV + ".", 88, break_on_hyphens=False))
+        print(textwrap.fill(f"ratio per round, min-max: {spread}", width))
+    print(textwrap.fill(PEAK_KV + ".", width, break_on_hyphens=False))
     for r in rows:
         if "batch_sizes" in r:
             sizes = r["batch_sizes"]

@@ -1,6 +1,6 @@
 """The figure of chapter 11's claims audit: each claim's figure against what was
-measured, a dot coloured by the verdict. Drawing only; the rows and verdicts come
-from the chapter's records."""
+measured, a dot coloured by that row's own result (or by its claim's verdict).
+Drawing only; the rows and their results come from the chapter's records."""
 
 from __future__ import annotations
 
@@ -21,6 +21,14 @@ VERDICT_COLORS = {
     "unmeasured": "#999999",
 }
 
+#: A row's own result: does this one measurement land on the claimed figure?
+ROW_COLORS = {
+    "on the claimed figure": SERIES[2],
+    "off the claimed figure": SERIES[1],
+    "not judged here (needs a GPU)": SERIES[0],
+}
+_COLORS = {**VERDICT_COLORS, **ROW_COLORS}
+
 
 def _claimed(ax, y: int, lo: float, hi: float) -> None:
     """The claimed figure: a grey band for a range, a tick for one value."""
@@ -36,17 +44,23 @@ def plot_claims(shares, multiples, verdict_of, *, title: str, multiple_label: st
     optional fifth item, True when ``measured`` is only a lower bound (drawn
     as a right-pointing triangle: at least this much); ``measured`` may be
     None (nothing measured: the claimed figure alone is drawn). ``verdict_of``
-    maps a claim id to its verdict, which colours the dot."""
+    maps a row's label, or failing that its claim id, to what colours the dot:
+    a verdict (`VERDICT_COLORS`) or a row's own result (`ROW_COLORS`)."""
+
+    def colour_key(row) -> str:
+        return verdict_of.get(row[0], verdict_of.get(row[1]))
+
     use_style()
     fig, axes = plt.subplots(
         2, 1, figsize=(8, 6.2), gridspec_kw={"height_ratios": [len(shares), len(multiples)]}
     )
     for ax, rows in ((axes[0], shares), (axes[1], multiples)):
-        for y, (_, cid, (lo, hi), value, *bound) in enumerate(rows):
+        for y, row in enumerate(rows):
+            _, _, (lo, hi), value, *bound = row
             _claimed(ax, y, lo, hi)
             if value is not None:
                 marker = ">" if bound and bound[0] else "o"
-                ax.plot([value], [y], marker, color=VERDICT_COLORS[verdict_of[cid]], ms=8)
+                ax.plot([value], [y], marker, color=_COLORS[colour_key(row)], ms=8)
         ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
         ax.invert_yaxis()
     axes[0].set_xlim(0, 100)
@@ -56,11 +70,11 @@ def plot_claims(shares, multiples, verdict_of, *, title: str, multiple_label: st
     axes[1].xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}x"))
     axes[1].xaxis.set_minor_formatter(NullFormatter())
     axes[1].set_xlabel(multiple_label)
-    shown = {verdict_of[r[1]] for r in [*shares, *multiples] if r[3] is not None}
+    shown = {colour_key(r) for r in [*shares, *multiples] if r[3] is not None}
     handles = [Line2D([], [], color="#BBBBBB", lw=6, label="claimed")]
     handles += [
         Line2D([], [], marker="o", ls="", color=color, label=kind)
-        for kind, color in VERDICT_COLORS.items()
+        for kind, color in _COLORS.items()
         if kind in shown
     ]
     if any(len(r) > 4 and r[4] and r[3] is not None for r in [*shares, *multiples]):
