@@ -58,13 +58,17 @@ test-chapters: $(BASE)/python  ## every chapter under strict nbval, in a venv wi
 	$(BASE)/python scripts/check_base_install.py
 	$(BASE)/python -m pytest $(NBVAL) notebooks -q
 
+# Tests that never import transformers run once, in `make test`, not again on the floor.
+FLOOR_SKIPS := $(foreach t,site_viewers compile_matrix pages reading sync workflows \
+  poolviewer packaging,--ignore=tests/test_$(t).py)
+
 # transformers 5.17 wants huggingface-hub < 2, which speaks httpx (newer hubs and openai
 # moved to httpx2); all of them go into .floor/, in front of .venv's.
 test-floor: setup  ## the unit tests again, on the lowest transformers the package allows
 	$(BIN)/pip install -q --no-deps --upgrade --target .floor \
 	  "transformers==$(TRANSFORMERS_FLOOR)" "huggingface-hub>=1.5,<2" \
 	  "httpx>=0.23,<1" "httpcore>=1,<2"
-	PYTHONPATH=.floor $(BIN)/python -m pytest tests -q
+	PYTHONPATH=.floor $(BIN)/python -m pytest tests -q $(FLOOR_SKIPS)
 
 # lm-evaluation-harness (the `eval` extra) against `python -m pagedkv_lab.serve`, in a
 # virtual environment of its own, so that its dependencies never reach .venv's.
