@@ -77,28 +77,26 @@ class PagedKVCache:
             self.data.index_copy_(2, dst, self.data.index_select(2, src))
 
     def swap_out(self, moves: list[tuple[int, int]]) -> None:
-        """Device blocks -> host blocks, ``(device, host)`` pairs. From a GPU: one
-        gather, one transfer, one scatter. On a CPU the host pool is the same
-        memory and there is no transfer to batch; staging would copy every byte
-        twice, so each block goes straight across, every layer, K and V at once."""
-        if not moves:
-            return
-        if self.host.device == self.data.device:
-            for device, host in moves:
-                self.host[:, :, host].copy_(self.data[:, :, device])
-            return
-        src, dst = (torch.tensor(x) for x in zip(*moves))
-        staged = self.data.index_select(2, src.to(self.data.device))
-        self.host.index_copy_(2, dst, staged.to("cpu"))
+        """Device blocks -> host blocks, ``(device, host)`` pairs."""
+        _move_blocks(self.data, self.host, moves)
 
     def swap_in(self, moves: list[tuple[int, int]]) -> None:
         """Host blocks -> device blocks, ``(host, device)`` pairs."""
-        if not moves:
-            return
-        if self.host.device == self.data.device:
-            for host, device in moves:
-                self.data[:, :, device].copy_(self.host[:, :, host])
-            return
-        src, dst = (torch.tensor(x) for x in zip(*moves))
-        staged = self.host.index_select(2, src).to(self.data.device)
-        self.data.index_copy_(2, dst.to(self.data.device), staged)
+        _move_blocks(self.host, self.data, moves)
+
+
+def _move_blocks(src: torch.Tensor, dst: torch.Tensor, moves) -> None:
+    """Copy blocks ``src[:, :, a]`` -> ``dst[:, :, b]`` for each ``(a, b)``.
+    Between devices: one gather, one transfer, one scatter. On one device (a
+    CPU's host pool is the same memory) there is no transfer to batch, and
+    staging would copy every byte twice, so each block goes straight across,
+    every layer, K and V at once."""
+    if not moves:
+        return
+    if src.device == dst.device:
+        for a, b in moves:
+            dst[:, :, b].copy_(src[:, :, a])
+        return
+    a, b = (torch.tensor(x) for x in zip(*moves))
+    staged = src.index_select(2, a.to(src.device)).to(dst.device)
+    dst.index_copy_(2, b.to(dst.device), staged)
