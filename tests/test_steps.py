@@ -78,8 +78,9 @@ def test_busy_time_is_the_union_of_the_devices_activity():
 
 
 def test_compare_modes_alternates_in_one_process_with_the_order_reversed():
-    """One untimed pass, then 3 rounds: in flight first, then none first, then
-    in flight first; even repeats are refused (a median of two is a mean)."""
+    """One untimed pass in each mode (each pays its own first-pass costs), then
+    3 rounds: in flight first, then none first, then in flight first; even
+    repeats are refused (a median of two is a mean)."""
     seen = []
 
     class Engine:
@@ -100,13 +101,13 @@ def test_compare_modes_alternates_in_one_process_with_the_order_reversed():
             compare_modes(engine, [], [], 0.6, None, rounds=2)
     finally:
         nanovllm.serve_timed = real
-    assert seen == [True, True, False, False, True, True, False]
+    assert seen == [True, False, True, False, False, True, True, False]
     assert out["async_over_sync"]["median"] == 2.0 and out["sync"]["min"] == 100.0
     assert engine.async_scheduling is True  # put back as it was
 
 
 def test_compare_sampling_alternates_greedy_and_sampled_in_one_process():
-    """One untimed pass at the published temperature, then 3 rounds: greedy
+    """One untimed pass of each (greedy, then sampled), then 3 rounds: greedy
     first, then sampled first, then greedy first; the engine is never told to
     change its scheduling; a greedy run as the "sampled" side is refused."""
     seen = []
@@ -129,7 +130,7 @@ def test_compare_sampling_alternates_greedy_and_sampled_in_one_process():
             compare_sampling(Engine(), [], [], 0.6, None, rounds=4)
     finally:
         nanovllm.serve_timed = real
-    assert seen == [0.6, 0.0, 0.6, 0.6, 0.0, 0.0, 0.6]
+    assert seen == [0.0, 0.6, 0.0, 0.6, 0.6, 0.0, 0.0, 0.6]
     assert out["greedy_over_sampled"]["per_round"] == [1.1, 1.1, 1.1]
     assert out["greedy"]["median"] == 110.0 and out["sampled"]["max"] == 100.0
 

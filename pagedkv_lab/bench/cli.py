@@ -127,10 +127,10 @@ def _add_nanovllm_parser(sub) -> None:
                      default=None, help="one step in flight (default: the engine's, "
                      "on with a GPU, off on a CPU)")
     np_.add_argument("--compare-async", action="store_true",
-                     help="after the run, in this process: one untimed pass, then one "
+                     help="after the run, in this process: one untimed pass per mode, then one "
                      "step in flight against none in alternating rounds (--rounds)")
     np_.add_argument("--compare-greedy", action="store_true",
-                     help="after the run, in this process: one untimed pass, then greedy "
+                     help="after the run, in this process: one untimed pass of each, then greedy "
                      "decoding against --temperature in alternating rounds (--rounds): "
                      "the sampler's share")
     np_.add_argument("--rounds", type=int, default=3,

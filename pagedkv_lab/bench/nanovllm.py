@@ -26,7 +26,7 @@ Offline models with a vocabulary smaller than the drawn ids (CPU smoke runs)
 take the ids modulo their vocabulary; the draw itself is unchanged.
 
 Two comparisons run in the same process, after the run as published, each
-after one more untimed pass of the workload and in ``rounds`` alternating rounds
+after one more untimed pass of the workload in each mode and in ``rounds`` alternating rounds
 (the order reversed every round), so that neither side inherits a colder
 machine: ``compare_async`` one step in flight against none (`compare_modes`),
 ``compare_greedy`` greedy decoding (temperature 0) against the published
@@ -184,7 +184,7 @@ def nanovllm_benchmark(
     with a GPU); ``profile``: a path, to profile 20 decode steps at full batch
     once the timed run is over (`steps.profile_decode_steps`: the device's busy
     time, and its idle time against the timed run's full-batch decode steps).
-    ``compare_async``: then one untimed pass and ``rounds`` (odd, at least 3)
+    ``compare_async``: then one untimed pass per mode and ``rounds`` (odd, at least 3)
     alternating rounds of each mode (`compare_modes`); ``compare_greedy``: the
     same for greedy decoding against ``temperature`` (`compare_sampling`)."""
     from pagedkv_lab import LLM
@@ -272,13 +272,15 @@ def nanovllm_benchmark(
 
 
 def _alternate(serve, modes: tuple[str, str], rounds: int) -> dict:
-    """``serve(mode)`` (tokens/s; ``None``: the untimed warm-up) once untimed,
-    then ``rounds`` rounds of both modes, the order reversed every round (the
-    first mode first in even rounds). Each mode's tokens/s per round, their
-    median and range, and the first mode over the second within each round."""
+    """``serve(mode)`` (tokens/s) once per mode untimed (the warm-up: each
+    mode's first pass pays its own one-time costs), then ``rounds`` rounds of
+    both modes, the order reversed every round (the first mode first in even
+    rounds). Each mode's tokens/s per round, their median and range, and the
+    first mode over the second within each round."""
     if rounds < 3 or rounds % 2 == 0:
         raise ValueError(f"rounds={rounds}: an odd number, at least 3 (a median of two is a mean)")
-    serve(None)  # untimed: the warm-up
+    for mode in modes:  # untimed: the warm-up of each mode
+        serve(mode)
     tok_s = {mode: [] for mode in modes}
     for r in range(rounds):
         for mode in modes if r % 2 == 0 else modes[::-1]:
@@ -295,15 +297,14 @@ def _alternate(serve, modes: tuple[str, str], rounds: int) -> dict:
 def compare_modes(llm, prompts, max_tokens, temperature: float, floor,
                   rounds: int = 3) -> dict:  # fmt: skip
     """One step in flight against none, in this process, on this engine: one
-    untimed pass of the workload, then ``rounds`` rounds of both modes, the
-    order reversed every round (in flight first in even rounds). Returns each
+    untimed pass of the workload in each mode, then ``rounds`` rounds of both
+    modes, the order reversed every round (in flight first in even rounds). Returns each
     mode's tokens/s per round and their median and range, and the ratio of the
     two within each round (in flight over none), its median and range."""
     before = llm.async_scheduling
 
     def serve(mode):
-        if mode is not None:
-            llm.async_scheduling = mode == "async"
+        llm.async_scheduling = mode == "async"
         return serve_timed(llm, prompts, max_tokens, temperature, floor)["tok_s"]
 
     try:
@@ -315,8 +316,8 @@ def compare_modes(llm, prompts, max_tokens, temperature: float, floor,
 def compare_sampling(llm, prompts, max_tokens, temperature: float, floor,
                      rounds: int = 3) -> dict:  # fmt: skip
     """Greedy decoding against sampling at ``temperature``, in this process,
-    on this engine and in its scheduling mode: one untimed pass at
-    ``temperature``, then ``rounds`` rounds of both, the order reversed every
+    on this engine and in its scheduling mode: one untimed pass of each,
+    then ``rounds`` rounds of both, the order reversed every
     round (greedy first in even rounds). The work is otherwise the same (EOS is
     ignored, so every request makes its ``max_tokens``): the ratio within each
     round (greedy over sampled) is what the sampler's draws cost."""
@@ -385,14 +386,14 @@ def print_result(r: dict, width: int = 88) -> None:
     if cmp:
         a, q = cmp["async_over_sync"], cmp
         say(f"one step in flight vs none, {cmp['rounds']} alternating rounds after an "
-            f"untimed pass: {q['async']['median']:.0f} vs {q['sync']['median']:.0f} tok/s "
+            f"untimed pass of each: {q['async']['median']:.0f} vs {q['sync']['median']:.0f} tok/s "
             f"(medians); in flight over none {a['median']:.3f} "
             f"({a['min']:.3f}-{a['max']:.3f} over rounds)")
     cmp = r.get("greedy_compare")
     if cmp:
         g = cmp["greedy_over_sampled"]
         say(f"greedy vs temperature {r['workload']['temperature']:g}, {cmp['rounds']} "
-            f"alternating rounds after an untimed pass: {cmp['greedy']['median']:.0f} vs "
+            f"alternating rounds after an untimed pass of each: {cmp['greedy']['median']:.0f} vs "
             f"{cmp['sampled']['median']:.0f} tok/s (medians); greedy over sampled "
             f"{g['median']:.3f} ({g['min']:.3f}-{g['max']:.3f} over rounds)")
     for name, p in r["peers"].items():

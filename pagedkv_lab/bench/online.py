@@ -39,6 +39,7 @@ import math
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -261,6 +262,15 @@ def print_side_by_side(
             f"{'-' if n == names[0] else identical[n][i]:>{width}}" for n in names
         )
         print(f"  {'tokens identical to ' + names[0]:30}{same}")
+        for n in names[1:]:  # each round's ratio, both servers measured in that round
+            per_round = [b / a for a, b in zip(first.get("rounds_out_tok_per_s", ()),
+                                               results[n][i].get("rounds_out_tok_per_s", ()))]  # fmt: skip
+            if len(per_round) > 1:
+                print(
+                    f"  {n} over {names[0]}, output tokens/s by round: "
+                    + " ".join(f"{x:.3f}" for x in per_round)
+                    + f" (median {statistics.median(per_round):.3f})"
+                )
 
 
 def _median_row(rows: list[dict]) -> dict:
@@ -272,14 +282,20 @@ def _median_row(rows: list[dict]) -> dict:
 def measure_servers(servers: dict[str, tuple[str, str]], prompts, max_tokens, rates,
                     args) -> tuple[dict[str, list[dict]], dict[str, list]]:  # fmt: skip
     """Replay the trace against every server, ``servers`` mapping a name to its
-    ``(url, model)``: each is warmed up first; then at every rate, ``args.repeats``
-    rounds, each round replaying the trace against every server in turn, the
-    order reversed every round (the first server first in even rounds), so that
-    neither inherits a machine the other left busier or colder. Returns, per
-    server, its median round's row at every rate and that round's records."""
+    ``(url, model)``: each is warmed up first on the first ``args.warmup``
+    requests of the trace (a negative value: the whole trace), sent all at once
+    and not timed; then at every rate, ``args.repeats`` rounds (odd, so that the
+    median is one round), each round replaying the trace against every server in
+    turn, the order reversed every round (the first server first in even
+    rounds), so that neither inherits a machine the other left busier or colder.
+    Returns, per server, its median round's row at every rate and that round's
+    records; each row also lists every round's output tokens/s."""
+    if args.repeats < 1 or args.repeats % 2 == 0:
+        raise ValueError(f"repeats={args.repeats}: an odd number of rounds "
+                         "(the median of an even number is a mean of two)")  # fmt: skip
     names = list(servers)
-    warm = min(args.warmup, len(prompts))
-    if warm:  # first requests pay one-time costs (allocation, kernel caches)
+    warm = len(prompts) if args.warmup < 0 else min(args.warmup, len(prompts))
+    if warm:  # first requests pay one-time costs (allocation, kernel caches, graphs)
         for url, model in servers.values():
             replay(url, model, prompts[:warm], max_tokens[:warm], [0.0] * warm,
                    True, args.timeout, 0)  # fmt: skip
@@ -354,10 +370,14 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="trace and token ids")
     p.add_argument("--arrival-seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=1, help="rounds per rate (median)")
     p.add_argument(
-        "--warmup", type=int, default=4,
-        help="requests sent (all at once) before measuring each server",
+        "--repeats", type=int, default=3,
+        help="rounds per rate, odd (default 3); the median round is reported",
+    )  # fmt: skip
+    p.add_argument(
+        "--warmup", type=int, default=-1,
+        help="requests of the trace sent (all at once, untimed) to each server "
+        "before measuring; -1 (default): the whole trace; 0: none",
     )  # fmt: skip
     p.add_argument(
         "--no-stream", action="store_true",
