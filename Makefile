@@ -2,6 +2,13 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Two pytest workers (pytest-xdist), each test file (or chapter) on one worker: CI has
+# 2 cores. Each worker runs torch on one thread: two workers of two threads each spin
+# against each other (four chapters: 138 s one at a time, 183 s two at a time, 99 s two
+# at a time on one thread each, on this 2-core machine).
+JOBS ?= 2
+XDIST := -n $(JOBS) --dist loadfile
+ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
 
 .PHONY: setup book test test-chapters test-floor test-eval lab export execute lint clean gpu-check actionlint compile-matrix
@@ -26,7 +33,7 @@ book: setup  ## build the site from the committed outputs into _build/html
 # Chromium is installed); -rs prints why a test skipped, e.g. no Chromium or no actionlint.
 test: setup actionlint  ## lint, unit, property, sync and site tests, then strict nbval over every chapter (base install)
 	$(BIN)/ruff check pagedkv_lab tests solutions scripts
-	$(BIN)/python -m pytest tests -q -rs
+	$(ONE_THREAD) $(BIN)/python -m pytest tests -q -rs $(XDIST)
 	$(MAKE) test-chapters
 
 # actionlint for tests/test_workflows.py (.github/workflows cannot run here). `pip install
@@ -51,16 +58,17 @@ $(BASE)/python:
 	$(PY) -m venv $(BASE_VENV)
 	$(BASE)/pip install -q --upgrade pip
 	$(BASE)/python -c "import torch" 2>/dev/null || $(BASE)/pip install -q "torch==2.13.0"
-	$(BASE)/pip install -q ipykernel nbclient pytest nbval
+	$(BASE)/pip install -q ipykernel nbclient pytest nbval pytest-xdist
 
 test-chapters: $(BASE)/python  ## every chapter under strict nbval, in a venv with only `pip install .`
 	$(BASE)/pip install -q . && $(BASE)/pip install -q --force-reinstall --no-deps .
 	$(BASE)/python scripts/check_base_install.py
-	$(BASE)/python -m pytest $(NBVAL) notebooks -q
+	$(ONE_THREAD) $(BASE)/python -m pytest $(NBVAL) notebooks -q $(XDIST)
 
-# Tests that never import transformers run once, in `make test`, not again on the floor.
+# Tests that never call transformers run once, in `make test`, not again on the floor
+# (the kernels' tests import one module that imports it, and call nothing of it).
 FLOOR_SKIPS := $(foreach t,site_viewers compile_matrix pages reading sync workflows \
-  poolviewer packaging,--ignore=tests/test_$(t).py)
+  poolviewer packaging attention cpu_kernel claims,--ignore=tests/test_$(t).py)
 
 # transformers 5.17 wants huggingface-hub < 2, which speaks httpx (newer hubs and openai
 # moved to httpx2); all of them go into .floor/, in front of .venv's.
@@ -68,7 +76,7 @@ test-floor: setup  ## the unit tests again, on the lowest transformers the packa
 	$(BIN)/pip install -q --no-deps --upgrade --target .floor \
 	  "transformers==$(TRANSFORMERS_FLOOR)" "huggingface-hub>=1.5,<2" \
 	  "httpx>=0.23,<1" "httpcore>=1,<2"
-	PYTHONPATH=.floor $(BIN)/python -m pytest tests -q $(FLOOR_SKIPS)
+	PYTHONPATH=.floor $(ONE_THREAD) $(BIN)/python -m pytest tests -q $(FLOOR_SKIPS) $(XDIST)
 
 # lm-evaluation-harness (the `eval` extra) against `python -m pagedkv_lab.serve`, in a
 # virtual environment of its own, so that its dependencies never reach .venv's.

@@ -42,12 +42,41 @@ def pytest_runtest_logfinish(nodeid, location):
         _peak[0] = peak
 
 
+def _report() -> tuple[int, int, list[tuple[int, str]]]:
+    """This process's peak, its children's, and its three largest rises."""
+    return _peak[0], _max_rss(resource.RUSAGE_CHILDREN), sorted(_rises, reverse=True)[:3]
+
+
+# Under pytest-xdist (`make test` runs two workers) each worker measures itself and
+# hands its figures to the controller, which prints the largest.
+_workers: list[tuple[int, int, list]] = []
+
+
+def pytest_sessionfinish(session):
+    if resource is not None and hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["memory"] = _report()
+
+
+def pytest_testnodedown(node, error):
+    memory = getattr(node, "workeroutput", {}).get("memory")
+    if memory:
+        _workers.append(memory)
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not _peak[0]:
+    if resource is None:
         return
-    top = sorted(_rises, reverse=True)[:3]
+    if _workers:
+        peak, children = max(w[0] for w in _workers), max(w[1] for w in _workers)
+        top = sorted((tuple(r) for w in _workers for r in w[2]), reverse=True)[:3]
+        who = f"the largest of {len(_workers)} workers"
+    elif _peak[0]:
+        peak, children, top = _report()
+        who = "this process"
+    else:
+        return
     rises = "; ".join(f"+{rise / 1e9:.2f} GB {nodeid}" for rise, nodeid in top)
     terminalreporter.write_line(
-        f"peak resident memory {_peak[0] / 1e9:.2f} GB (subprocesses: "
-        f"{_max_rss(resource.RUSAGE_CHILDREN) / 1e9:.2f} GB); largest rises: {rises}"
+        f"peak resident memory {peak / 1e9:.2f} GB ({who}; its subprocesses: "
+        f"{children / 1e9:.2f} GB); largest rises: {rises}"
     )

@@ -22,7 +22,10 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
+try:  # openai 3 and huggingface-hub 2 speak httpx2, its successor; older stacks httpx
+    import httpx2 as httpx
+except ImportError:
+    httpx = pytest.importorskip("httpx")
 
 from pagedkv_lab import LLM, RequestOutputKind, SamplingParams  # noqa: E402
 from pagedkv_lab.serve.metrics import parse_metrics  # noqa: E402
