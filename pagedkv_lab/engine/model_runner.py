@@ -139,20 +139,11 @@ class ModelRunner:
     sampler's ``min_tokens``.
     """
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        num_blocks: int,
-        block_size: int = 16,
-        max_model_len: int | None = None,
-        *,
-        forward=None,
-        fused: bool | None = None,
-        enforce_eager: bool = False,
-        max_num_seqs: int = 256,
-        swap_blocks: int = 0,
-        eos_token_ids=frozenset(),
-    ):
+    def __init__(self, model: PreTrainedModel, num_blocks: int, block_size: int = 16,
+                 max_model_len: int | None = None, *, forward=None,
+                 fused: bool | None = None, enforce_eager: bool = False,
+                 max_num_seqs: int = 256, swap_blocks: int = 0,
+                 eos_token_ids=frozenset()):  # fmt: skip
         from pagedkv_lab.engine.fused import FusedModel, fused_unsupported_reason
 
         self.max_model_len = check_model(model, max_model_len)
