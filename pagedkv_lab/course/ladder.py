@@ -165,10 +165,11 @@ class CardModel:
 
 
 #: H100 SXM: datasheet (132 SMs, 989 TFLOPS dense bf16, 67 TFLOPS FP32 counting
-#: an FMA as two, 3.35 TB/s); FlashAttention-3's paper (mma.sync ~2/3 of peak,
-#: 3.9 T exponentials/s); hypotheses: L2 at twice the HBM bandwidth, 0.5 us a
-#: memory round trip (0.2 us when the load hits L2), 2 us between the kernels of
-#: a graph replay.
+#: an FMA as two, 3.35 TB/s); 3.9 T exponentials/s (the FlashAttention-3 paper,
+#: Shah et al. 2024, section 3.1); mma.sync ~2/3 of the tensor peak (the paper's
+#: authors' blog post, note 1, after Luo et al., arXiv:2402.13499); hypotheses:
+#: L2 at twice the HBM bandwidth, 0.5 us a memory round trip (0.2 us when the
+#: load hits L2), 2 us between the kernels of a graph replay.
 H100_SXM = CardModel("H100 SXM", 132, 989e12, 2 / 3, 3.9e12, 33.5e12, 3.35e12,
                      6.7e12, 0.5e-6, 2e-6)  # fmt: skip
 
@@ -270,10 +271,8 @@ def predict_rung(rung: Rung, kind: str, shape: tuple[int, int],
                  heads: tuple[int, int, int] = (32, 8, 128), card: CardModel = H100_SXM,
                  resources: dict | None = None, itemsize: int = 2) -> dict:  # fmt: skip
     """The model's time for ``rung`` at ``shape`` ((batch, context) in decode,
-    (prompts, tokens) in prefill) on ``card``: ``ms``, the term that binds and
-    the occupancy. ``resources``: the compiled kernel's (``n_regs``,
-    ``n_spills``, ``shared``, and from the compile matrix ``programs_per_sm``
-    and ``tensor_cores``: `bench.compile.rung_resources`), else estimated."""
+    (prompts, tokens) in prefill) on ``card``: ``ms``, the binding term, the
+    occupancy; ``resources``: `bench.compile.rung_resources`, else estimated."""
     num_heads, kv_heads, d = heads
     group = num_heads // kv_heads
     seqs, length = shape
