@@ -30,7 +30,7 @@ class BlockTable:
 
     def blocks_needed(self, num_new_tokens: int) -> int:
         """New blocks required to hold ``num_new_tokens`` more tokens."""
-        total = -(-(self.num_tokens + num_new_tokens) // self.block_size)
+        total = -(-(self.num_tokens + num_new_tokens) // self.block_size)  # ceil
         return max(0, total - len(self.blocks))
 
     def can_append(self, num_new_tokens: int = 1) -> bool:
@@ -64,10 +64,7 @@ class BlockTable:
     def free(self) -> None:
         """Release every block, newest first. On this chapter's stack the oldest
         block then lies on top, so whoever takes these blocks next gets them in the
-        order this sequence had them (a run of consecutive blocks stays a run);
-        with chapter 08's cache of freed blocks, the newest, least likely to be
-        another prompt's prefix, are the first evicted (vLLM frees in this order
-        for that reason)."""
+        order this sequence had them (a run of consecutive blocks stays a run)."""
         for block in reversed(self.blocks):
             self.allocator.free(block)
         self.blocks, self.num_tokens = [], 0
@@ -147,7 +144,7 @@ class PagedPool:
                 f"request {req.id} needs {req.total_len} tokens, "
                 f"more than max_model_len={self.max_model_len}"
             )
-        blocks_needed = -(-req.total_len // self.allocator.block_size)
+        blocks_needed = -(-req.total_len // self.allocator.block_size)  # ceil
         if blocks_needed > self.allocator.num_blocks:
             raise ValueError(
                 f"request {req.id} needs {req.total_len} tokens; "
