@@ -418,13 +418,14 @@ def serve_title(rows: list[dict]) -> str:
 
 
 def print_serve_table(
-    rows: list[dict], title: str | None = None, width: int = 88
+    rows: list[dict], title: str | None = None, width: int = 88, ms: bool = False
 ) -> None:
     """Print `serve_benchmark` rows under a title naming the model and device.
 
     ``ratio`` is throughput over the first row's, the median of per-round ratios;
-    TTFT and TPOT in seconds; the table is 80 columns wide and the notes under
-    it are wrapped to ``width``.
+    TTFT and TPOT in seconds, or in milliseconds with ``ms`` (a note under the
+    table says so); the table is 80 columns wide and the notes under it are
+    wrapped to ``width``.
     """
     import textwrap
 
@@ -446,13 +447,20 @@ def print_serve_table(
             f"{'n/a':>{width}}" if math.isnan(value) else f"{value:{width}.{digits}f}"
         )
 
+    scale, ttft_digits, tpot_digits = (1e3, 1, 2) if ms else (1, 2, 3)
     for r in rows:
+        ttft = [cell(scale * r[k], 7, ttft_digits) for k in ("ttft_p50", "ttft_p90")]
+        tpot = [cell(scale * r[k], 7, tpot_digits) for k in ("tpot_p50", "tpot_p90")]
         print(
             f"{r['system']:14} {r['output_tok_per_s']:7.1f} {r['ratio']:6.2f} "
-            f"{r['req_per_s']:6.2f} {cell(r['ttft_p50'], 7, 2)} "
-            f"{cell(r['ttft_p90'], 7, 2)} {cell(r['tpot_p50'], 7, 3)} "
-            f"{cell(r['tpot_p90'], 7, 3)} {r['peak_kv_MiB']:11.1f}"
+            f"{r['req_per_s']:6.2f} {ttft[0]} {ttft[1]} {tpot[0]} {tpot[1]} "
+            f"{r['peak_kv_MiB']:11.1f}"
         )
+    if ms:
+        print(textwrap.fill(
+            "TTFT (time to first token) and TPOT (time per output token after the "
+            "first) in ms; 50, 90: percentiles over the requests.", width
+        ))  # fmt: skip
     if r0["repeats"] > 1 and "ratio_min" in r0:
         spread = "; ".join(
             f"{r['system']} {r['ratio_min']:.2f}-{r['ratio_max']:.2f}" for r in rows[1:]
