@@ -79,10 +79,7 @@ def device_report(device: torch.device | None = None) -> dict[str, str]:
 @dataclass(frozen=True)
 class GPUSpec:
     """What the library reads from a CUDA device: its name, compute capability,
-    total memory and multiprocessor count. Read from a card, the memory is what
-    torch reports (``total_memory``), a little less than `nvidia-smi`'s total;
-    `KNOWN_GPUS` describes cards by `nvidia-smi`'s figures (a "16 GB" T4 shows
-    15,360 MiB there, after ECC)."""
+    total memory in bytes and multiprocessor count."""
 
     name: str
     capability: tuple[int, int]
@@ -113,7 +110,7 @@ def gpu_spec(device: torch.device | GPUSpec | None = None) -> GPUSpec | None:
 def supports_bf16(device: torch.device | GPUSpec | None = None) -> bool:
     """True on CUDA devices of compute capability 8.0 and later, whose tensor
     cores multiply bfloat16 (never by asking `torch.cuda.is_bf16_supported`,
-    which counts emulation and says True on a T4)."""
+    which counts bfloat16 done in software and says True on a T4)."""
     spec = gpu_spec(device)
     return spec is not None and spec.capability >= (8, 0)
 
@@ -136,7 +133,8 @@ def memory_budget(
 
 
 #: Cards the tests and the chapters describe without having them: the memory
-#: `nvidia-smi` reports for each (MiB; ECC takes a share on the GDDR6 T4 and L4).
+#: `nvidia-smi` reports for each (MiB; ECC takes a share on the GDDR6 T4 and L4),
+#: a little more than torch's ``total_memory``, which `GPUSpec.of` reads.
 KNOWN_GPUS = {
     "T4": GPUSpec("Tesla T4", (7, 5), 15_360 * 2**20, 40),
     "L4": GPUSpec("NVIDIA L4", (8, 9), 23_034 * 2**20, 58),
