@@ -158,6 +158,19 @@ def test_merge_is_exact_for_any_split():
     assert torch.allclose(empty, exact)
 
 
+def test_merge_of_an_empty_part_needs_a_finite_output():
+    """The docstring's contract: an empty part (lse -inf) weighs 0 when its output
+    is finite, wherever it sits; a NaN output, or no non-empty part, gives NaN
+    (the kernels write zeros for an empty part, and every sequence has a key)."""
+    out = torch.tensor([[1.0, -2.0], [0.0, 0.0], [3.0, 4.0]], dtype=torch.float64)
+    lse = torch.tensor([0.5, -math.inf, 0.5], dtype=torch.float64)
+    assert torch.allclose(merge_partial_attention(out, lse), out[[0, 2]].mean(0))
+    nan_out = out.clone()
+    nan_out[1] = math.nan
+    assert merge_partial_attention(nan_out, lse).isnan().all()
+    assert merge_partial_attention(out, torch.full((3,), -math.inf)).isnan().all()
+
+
 def test_bad_arguments_fail_with_clear_messages():
     q, k, v, meta = problem(0, 2, 4, 2, 16, 8, 2)
     tables, lens = meta.block_tables, meta.context_lens

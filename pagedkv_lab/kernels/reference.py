@@ -24,8 +24,10 @@ def merge_partial_attention(outs: torch.Tensor, lses: torch.Tensor) -> torch.Ten
     """Merge attention results computed over disjoint sets of keys.
 
     ``outs[..., p, :]`` is the softmax-normalised output over part ``p`` and
-    ``lses[..., p]`` the log-sum-exp of that part's scores (``-inf`` for an
-    empty part). The merged output equals attention over all parts at once.
+    ``lses[..., p]`` the log-sum-exp of that part's scores. The merged output
+    equals attention over all parts at once. An empty part (``lse = -inf``)
+    weighs 0 only if its output is finite (0 * NaN is NaN): the course's kernels
+    write zeros there. At least one part must be non-empty, or the result is NaN.
     """
     # at least fp32; float64 stays float64
     dtype = torch.promote_types(outs.dtype, torch.float32)
