@@ -644,6 +644,8 @@ def recompute_and_swap_seconds(
             seq = Sequence(prompt, SamplingParams(max_tokens=1))
             seq.block_table = list(range(used))
             runner.run([seq], [n])
+            if cache.data.is_cuda:  # the launch returns before the device is done
+                torch.cuda.synchronize()
 
         out = [(b, b) for b in range(used)]
 
