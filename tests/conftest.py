@@ -10,6 +10,7 @@ try:
 except ImportError:  # pragma: no cover
     pass
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", max_examples=60, deadline=None)
@@ -57,6 +58,7 @@ def pytest_sessionfinish(session):
         session.config.workeroutput["memory"] = _report()
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent where xdist is not installed
 def pytest_testnodedown(node, error):
     memory = getattr(node, "workeroutput", {}).get("memory")
     if memory:
