@@ -90,7 +90,8 @@ DECODE_LADDER = [
          kernel="torch", traffic=3),
     Rung("first kernel", "read the blocks in place: a program per (sequence, KV "
          "head), one block of keys per step, products by tl.sum",
-         "1x the traffic; the model (no instruction counts) says HBM-bound, near "
+         "1x the traffic; the model (arithmetic at peak issue, no address or load "
+         "instructions) says HBM-bound, near "
          "SDPA's time; a slower kernel means one of two hypotheses: too few bytes "
          "in flight, or instruction issue", kernel="first"),
     Rung("first kernel's walk, tiled kernel", "the same walk (a block of 16 keys "
