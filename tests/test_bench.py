@@ -15,6 +15,7 @@ from pagedkv_lab.bench import (
     common,
     find_vllm_python,
     kernel_benchmark,
+    peak_kv_note,
     peers,
     print_serve_table,
     serve_benchmark,
@@ -236,7 +237,10 @@ def test_serve_cli_names_model_and_device_and_defines_peak_kv(capsys, tmp_path):
     )
     out = capsys.readouterr().out
     assert "serve: tiny-llama on cpu" in out and "workload w1" in out
-    assert " ".join(PEAK_KV.split()) in " ".join(out.split())
+    note = peak_kv_note(["pagedkv", "hf-generate"])
+    assert " ".join(note.split()) in " ".join(out.split())
+    assert "vllm" not in note and "contiguous" not in note  # only the rows printed
+    assert " ".join(peak_kv_note().split()) == " ".join(PEAK_KV.split())
     # print_serve_table's lines fit the book's 88 columns
     table = out[out.index("serve: tiny-llama") : out.index("tokens against")]
     assert max(map(len, table.splitlines())) <= 88

@@ -68,6 +68,7 @@ from pagedkv_lab.bench.common import (
     PEAK_KV,
     SYSTEMS,
     ServeSetup,
+    peak_kv_note,
     scaled_chat_trace,
     static_batches,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "ALL_SYSTEMS",
     "ERROR_BOUND",
     "PEAK_KV",
+    "peak_kv_note",
     "SYSTEMS",
     "ServeSetup",
     "decode_path_name",

@@ -21,6 +21,20 @@ PEAK_KV = (
 )
 
 
+def peak_kv_note(systems: list[str] | tuple[str, ...] = ALL_SYSTEMS) -> str:
+    """`PEAK_KV`, naming only ``systems`` (the rows a table printed)."""
+    blocks = [s for s in ("pagedkv", "contiguous", "hf-continuous", "vllm") if s in systems]
+    parts = []
+    if blocks:
+        parts.append(f"blocks held x bytes per block ({', '.join(blocks)})")
+    if "hf-generate" in systems:
+        parts.append("the cache tensors of the largest static batch (hf-generate)")
+    return (
+        "peak KV = the most KV-cache bytes held by unfinished requests at the end of a "
+        "step, read from each system's own cache: " + ", ".join(parts)
+    )
+
+
 def cpu_model() -> str:
     """The CPU's model name and widest vector extension, e.g. ``"AMD EPYC, AVX2
     (no AVX-512)"``: CPU ratios differ between CPU models, so reports name it."""

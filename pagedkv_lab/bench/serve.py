@@ -11,11 +11,11 @@ import torch
 
 from pagedkv_lab.bench.common import (
     ALL_SYSTEMS,
-    PEAK_KV,
     SYSTEMS,
     ServeSetup,
     _prompt_ids,
     _run_result,
+    peak_kv_note,
     scaled_chat_trace,
     static_batches,
 )
@@ -466,7 +466,8 @@ def print_serve_table(
             f"{r['system']} {r['ratio_min']:.2f}-{r['ratio_max']:.2f}" for r in rows[1:]
         )
         print(textwrap.fill(f"ratio per round, min-max: {spread}", width))
-    print(textwrap.fill(PEAK_KV + ".", width, break_on_hyphens=False))
+    note = peak_kv_note([r["system"] for r in rows])
+    print(textwrap.fill(note + ".", width, break_on_hyphens=False))
     for r in rows:
         if "batch_sizes" in r:
             sizes = r["batch_sizes"]
