@@ -40,7 +40,7 @@ class SwapSpace:
     def swap_out(self, group: SequenceGroup, block_manager) -> list[tuple[int, int]]:
         """Free ``group``'s device blocks; return the (device, host) pairs to copy."""
         host_of: dict[int, int] = {}
-        for seq in self._on_device(group):
+        for seq in self._on_device(group):  # its sequences holding device blocks
             for block in seq.block_table:
                 if block in host_of:
                     self.allocator.incref(host_of[block])
