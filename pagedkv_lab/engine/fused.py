@@ -56,16 +56,8 @@ def concatenated(layers: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | 
 
 class FusedLinear:
     """``x @ W.T + b`` for one or more linear layers that read the same input:
-    one matrix product on their concatenated weights (`concatenated`).
-
-    With ``pack``, on a CPU, the concatenated weight is also reordered once
-    into oneDNN's blocked layout (a second copy), so a call is one GEMM on a
-    weight laid out for it, as vLLM's CPU backend does with
-    ``create_onednn_mm``; inputs of fewer than ``min_packed_rows`` rows take
-    ``F.linear`` on the concatenated weight instead. With ``lib`` (the C++
-    library, float32 on a CPU) the weight is packed for its own projection
-    (`pagedkv_lab.kernels.cpu.cpu_linear`) instead.
-    """
+    one matrix product on their concatenated weights (`concatenated`). On a
+    CPU, ``pack`` and ``lib`` choose faster layouts (the full ``__init__``)."""
 
     def __init__(
         self,
@@ -74,6 +66,13 @@ class FusedLinear:
         min_packed_rows: int = 1,
         lib=None,
     ):
+        """With ``pack``, on a CPU, the concatenated weight is also reordered once
+        into oneDNN's blocked layout (a second copy), so a call is one GEMM on a
+        weight laid out for it, as vLLM's CPU backend does with
+        ``create_onednn_mm``; inputs of fewer than ``min_packed_rows`` rows take
+        ``F.linear`` on the concatenated weight instead. With ``lib`` (the C++
+        library, float32 on a CPU) the weight is packed for its own projection
+        (`pagedkv_lab.kernels.cpu.cpu_linear`) instead."""
         self.layers = layers
         self.weight, self.bias = concatenated(layers)
         self.packed, self.min_packed_rows, self.lib, self.tiles = (
