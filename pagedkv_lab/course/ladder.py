@@ -273,7 +273,9 @@ def predict_rung(rung: Rung, kind: str, shape: tuple[int, int],
                  resources: dict | None = None, itemsize: int = 2) -> dict:  # fmt: skip
     """The model's time for ``rung`` at ``shape`` ((batch, context) in decode,
     (prompts, tokens) in prefill) on ``card``: ``ms``, the binding term, the
-    occupancy; ``resources``: `bench.compile.rung_resources`, else estimated."""
+    occupancy. ``resources``: the compiled kernel's (``n_regs``, ``n_spills``,
+    ``shared``, and from the compile matrix ``programs_per_sm`` and
+    ``tensor_cores``: `bench.compile.rung_resources`), else estimated."""
     num_heads, kv_heads, d = heads
     group = num_heads // kv_heads
     seqs, length = shape
