@@ -138,7 +138,8 @@ class PagedPool:
         self.tables: dict[int, BlockTable] = {}
         self.final_len: dict[int, int] = {}  # request id -> its length at the end
 
-    def try_admit(self, req: Request, num_tokens: int) -> bool:
+    def _check_request(self, req: Request) -> None:
+        """Refuse a request longer than the model's maximum or than the pool."""
         if self.max_model_len is not None and req.total_len > self.max_model_len:
             raise ValueError(
                 f"request {req.id} needs {req.total_len} tokens, "
@@ -150,6 +151,9 @@ class PagedPool:
                 f"request {req.id} needs {req.total_len} tokens; "
                 f"the whole pool holds {self.capacity}"
             )
+
+    def try_admit(self, req: Request, num_tokens: int) -> bool:
+        self._check_request(req)  # ValueError if it could never fit
         table = BlockTable(self.allocator)
         # Room for the tokens and the next generated one, leaving the watermark
         # free for running requests.
