@@ -13,19 +13,12 @@ import torch
 
 @dataclass(eq=False)
 class AttentionMetadata:
-    """One batch's metadata. Every path takes ``(q, k_cache, v_cache, meta,
-    scale)``, ``q`` ``[tokens, heads, head_dim]`` and the caches ``[num_blocks,
-    block_size, num_kv_heads, head_dim]``.
-
-    ``block_tables``: ``[num_seqs, max_blocks]`` int32 (int64 taken too), each
-    sequence's physical blocks in order, padded with -1.
-    ``context_lens``: ``[num_seqs]``, each sequence's tokens with K/V in the
-    cache, this step's new ones included.
-    ``query_start_loc``: ``[num_seqs + 1]`` offsets of each sequence's queries
-    in ``q`` (causal prefill), or None: decode, one query per sequence.
-    ``workspace``: buffers a path keeps between calls (pass the same dict every
-    step to reuse them).
-    """
+    """One batch's metadata, read by every path ``(q, k_cache, v_cache, meta,
+    scale)``: block tables ``[num_seqs, max_blocks]`` int32 (int64 taken too)
+    padded with -1; context lengths ``[num_seqs]``, this step's tokens included;
+    query offsets ``[num_seqs + 1]`` (prefill) or None (decode, one query per
+    sequence); a workspace dict of buffers kept between calls (pass the same
+    one every step)."""
 
     block_tables: torch.Tensor
     context_lens: torch.Tensor

@@ -85,8 +85,8 @@ def _length_buckets(num_blocks: list[int]) -> list[list[int]]:
 def _decode_gathered(q, k_cache, v_cache, block_tables, lens, scale, workspace):
     """Gather the sequences' blocks up to the longest, then one masked SDPA."""
     heads, kv_heads, block_size = q.shape[1], k_cache.shape[2], k_cache.shape[1]
-    k, v = gather_kv(k_cache, v_cache, block_tables, -(-max(lens) // block_size),
-                     workspace)  # fmt: skip
+    n_blocks = -(-max(lens) // block_size)  # ceil: -(-a // b) rounds up
+    k, v = gather_kv(k_cache, v_cache, block_tables, n_blocks, workspace)
     k, v = k.transpose(1, 2), v.transpose(1, 2)  # [seqs, kv_heads, tokens, dim]
     mask = None
     if min(lens) < k.shape[2]:  # a shorter sequence: hide its padding
@@ -130,10 +130,11 @@ def _prefill_torch(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
         if a == b:
             continue
         table = meta.block_tables[i : i + 1]
-        k, v = gather_kv(k_cache, v_cache, table, -(-ctx // block_size))
+        n_blocks = -(-ctx // block_size)  # ceil: -(-a // b) rounds a / b up
+        k, v = gather_kv(k_cache, v_cache, table, n_blocks)
         k = k[0, :ctx].transpose(0, 1).to(q.dtype)
         v = v[0, :ctx].transpose(0, 1).to(q.dtype)
-        q_pos = torch.arange(ctx - (b - a), ctx, device=q.device)
+        q_pos = torch.arange(ctx - (b - a), ctx, device=q.device)  # last b - a
         mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]
         out[a:b] = F.scaled_dot_product_attention(
             q[a:b].transpose(0, 1), k, v, attn_mask=mask, scale=scale,
