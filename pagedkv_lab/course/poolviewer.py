@@ -159,8 +159,8 @@ def site_html(trace: dict) -> str:
     name = html.escape(trace["name"])
     return (
         f'<div class="pkv-viewer" data-viewer="{name}">'
-        '<p class="pkv-fallback">This viewer needs JavaScript; the figure after it '
-        "shows the same simulation.</p>"
+        '<p class="pkv-fallback">This viewer needs JavaScript; a static figure of '
+        "the same simulation is in this chapter.</p>"
         f'<script type="application/json" class="pkv-trace">{trace_json(trace)}'
         "</script></div>"
     )
