@@ -304,13 +304,18 @@ class BlockManager:
     ) -> None:
         """Let ``child`` read ``parent``'s blocks (those holding its first
         ``num_tokens`` tokens, by default its computed ones): no K/V is copied,
-        only reference counts. With ``eager_fork_copy`` the child copies the
-        partial last block at once, when a block is free."""
+        only reference counts."""
         assert child.block_table is None, f"sequence {child.seq_id} has blocks"
         held = parent.num_computed_tokens if num_tokens is None else num_tokens
         child.block_table = parent.block_table[: self._blocks_for(held)]
         for block in child.block_table:
             self.allocator.incref(block)
+        self._forked(parent, child, held)
+
+    def _forked(self, parent: Sequence, child: Sequence, held: int) -> None:
+        """After a fork: the prefix cache follows the child (chapter 08); with
+        ``eager_fork_copy`` the child copies the partial last block at once, when
+        a block is free."""
         if self.prefix_cache is not None:
             self.prefix_cache.follow(parent, child, held // self.block_size)
         eager = self.eager_fork_copy and self.num_free_blocks > 0
