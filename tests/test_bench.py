@@ -17,6 +17,7 @@ from pagedkv_lab.bench import (
     kernel_benchmark,
     peak_kv_note,
     peers,
+    print_serve_notes,
     print_serve_table,
     serve_benchmark,
     static_batches,
@@ -405,6 +406,15 @@ def test_serve_rows_carry_the_spread_of_per_round_ratios(capsys):
     assert (peer["ratio_min"], peer["ratio"], peer["ratio_max"]) == (0.5, 1.0, 2.0)
     print_serve_table(rows, title="t")
     assert "ratio per round, min-max: peer 0.50-2.00" in capsys.readouterr().out
+    # notes=False leaves the general notes to one print_serve_notes call
+    print_serve_table(rows, title="t", ms=True, notes=False)
+    out = capsys.readouterr().out
+    assert "ratio per round, min-max: peer 0.50-2.00" in out
+    assert "peak KV =" not in out and "TTFT (time to first token)" not in out
+    print_serve_notes(["ours", "peer"], ms=True)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "TTFT (time to first token)" in out
+    assert " ".join(peak_kv_note(["ours", "peer"]).split()) in out
 
 
 def test_serve_cli_runs_several_workloads_and_sums_them_up(capsys):

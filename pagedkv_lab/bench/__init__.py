@@ -83,6 +83,7 @@ from pagedkv_lab.bench.kernel import (
 from pagedkv_lab.bench.peers import find_vllm_python, vllm_block_sizes
 from pagedkv_lab.bench.serve import (
     plot_serve,
+    print_serve_notes,
     print_serve_table,
     serve_benchmark,
     serve_title,
@@ -102,6 +103,7 @@ __all__ = [
     "parse_kernel_tables",
     "plot_serve",
     "print_kernel_table",
+    "print_serve_notes",
     "print_serve_table",
     "scaled_chat_trace",
     "serve_benchmark",

@@ -417,15 +417,38 @@ def serve_title(rows: list[dict]) -> str:
     return f"serve: {r['model']} on {r['device']} ({r['threads']} threads)"
 
 
+def print_serve_notes(
+    systems: list[str] | tuple[str, ...], width: int = 88, ms: bool = False
+) -> None:
+    """The notes `print_serve_table` prints under a table: the TTFT and TPOT
+    columns' unit (with ``ms``) and how peak KV is read for ``systems``; for
+    printing them once under several tables."""
+    import textwrap
+
+    if ms:
+        print(textwrap.fill(
+            "TTFT (time to first token) and TPOT (time per output token after the "
+            "first) in ms; 50, 90: percentiles over the requests.", width
+        ))  # fmt: skip
+    note = peak_kv_note(list(systems))
+    print(textwrap.fill(note + ".", width, break_on_hyphens=False))
+
+
 def print_serve_table(
-    rows: list[dict], title: str | None = None, width: int = 88, ms: bool = False
+    rows: list[dict],
+    title: str | None = None,
+    width: int = 88,
+    ms: bool = False,
+    notes: bool = True,
 ) -> None:
     """Print `serve_benchmark` rows under a title naming the model and device.
 
     ``ratio`` is throughput over the first row's, the median of per-round ratios;
     TTFT and TPOT in seconds, or in milliseconds with ``ms`` (a note under the
     table says so); the table is 80 columns wide and the notes under it are
-    wrapped to ``width``.
+    wrapped to ``width``. With ``notes=False`` the general notes (units, peak
+    KV: `print_serve_notes`) are left out, for printing once under several
+    tables; the lines about this table's own rows stay.
     """
     import textwrap
 
@@ -456,7 +479,7 @@ def print_serve_table(
             f"{r['req_per_s']:6.2f} {ttft[0]} {ttft[1]} {tpot[0]} {tpot[1]} "
             f"{r['peak_kv_MiB']:11.1f}"
         )
-    if ms:
+    if ms and notes:
         print(textwrap.fill(
             "TTFT (time to first token) and TPOT (time per output token after the "
             "first) in ms; 50, 90: percentiles over the requests.", width
@@ -466,8 +489,9 @@ def print_serve_table(
             f"{r['system']} {r['ratio_min']:.2f}-{r['ratio_max']:.2f}" for r in rows[1:]
         )
         print(textwrap.fill(f"ratio per round, min-max: {spread}", width))
-    note = peak_kv_note([r["system"] for r in rows])
-    print(textwrap.fill(note + ".", width, break_on_hyphens=False))
+    if notes:
+        note = peak_kv_note([r["system"] for r in rows])
+        print(textwrap.fill(note + ".", width, break_on_hyphens=False))
     for r in rows:
         if "batch_sizes" in r:
             sizes = r["batch_sizes"]
