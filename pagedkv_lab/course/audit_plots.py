@@ -25,7 +25,7 @@ VERDICT_COLORS = {
 ROW_COLORS = {
     "on the claimed figure": SERIES[2],
     "off the claimed figure": SERIES[1],
-    "not judged here (needs a GPU)": SERIES[0],
+    "not judged here": SERIES[0],
 }
 _COLORS = {**VERDICT_COLORS, **ROW_COLORS}
 
