@@ -25,9 +25,8 @@ def merge_partial_attention(outs: torch.Tensor, lses: torch.Tensor) -> torch.Ten
 
     ``outs[..., p, :]`` is the softmax-normalised output over part ``p`` and
     ``lses[..., p]`` the log-sum-exp of that part's scores. The merged output
-    equals attention over all parts at once. An empty part (``lse = -inf``)
-    weighs 0 only if its output is finite (0 * NaN is NaN): the course's kernels
-    write zeros there. At least one part must be non-empty, or the result is NaN.
+    equals attention over all parts at once. An empty part (``lse = -inf``,
+    output finite) weighs 0; at least one part must be non-empty.
     """
     # at least fp32; float64 stays float64
     dtype = torch.promote_types(outs.dtype, torch.float32)
@@ -131,12 +130,12 @@ def _prefill_torch(q, k_cache, v_cache, meta, scale) -> torch.Tensor:
             continue
         table = meta.block_tables[i : i + 1]
         n_blocks = -(-ctx // block_size)  # ceil: -(-a // b) rounds a / b up
-        k, v = gather_kv(k_cache, v_cache, table, n_blocks)
+        k, v = gather_kv(k_cache, v_cache, table, n_blocks)  # its blocks, in order
         k = k[0, :ctx].transpose(0, 1).to(q.dtype)
         v = v[0, :ctx].transpose(0, 1).to(q.dtype)
         q_pos = torch.arange(ctx - (b - a), ctx, device=q.device)  # last b - a
         mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]
-        out[a:b] = F.scaled_dot_product_attention(
+        out[a:b] = torch.nn.functional.scaled_dot_product_attention(
             q[a:b].transpose(0, 1), k, v, attn_mask=mask, scale=scale,
             enable_gqa=q.shape[1] != kv_heads,
         ).transpose(0, 1)  # fmt: skip
