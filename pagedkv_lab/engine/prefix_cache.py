@@ -120,14 +120,14 @@ class PrefixCache:
         """Registered blocks holding ``seq``'s first tokens (fewer than ``limit``)."""
         bs, hits, parent = self.block_size, [], None
         for i, key in enumerate(self.keys(seq, (limit - 1) // bs)):
-            entry = self.by_key.get(key)
-            if entry is None:
+            cached = self.by_key.get(key)
+            if cached is None:
                 break
             tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-            if self.verify and (entry.tokens != tokens or entry.parent != parent):
+            if self.verify and (cached.tokens != tokens or cached.parent != parent):
                 break
-            hits.append(entry)
-            parent = entry.entry
+            hits.append(cached)
+            parent = cached.entry
         return hits
 
     def start(self, seq: Sequence, hits: list[CachedBlock]) -> None:
