@@ -87,7 +87,7 @@ def plot_first_kernel_walk(lens, tables, block_size: int, pool: int, pick=(1, 0)
     ax_walk.text(width * 0.2, -0.95, f"the pool: {pool} physical blocks, in id order",
                  fontsize=9)
     ax_walk.text(width + 0.2, 1.6, "each step:\nload the block's\nkeys, score the\n"
-                 "group, update\nm and norm,\nacc += p v", fontsize=9)  # fmt: skip
+                 "group, update\nm and norm,\nacc = α·acc + p v", fontsize=9)  # fmt: skip
     ax_walk.set_xlim(-0.2, width + 2.4)
     ax_walk.set_ylim(-1.0, 3.4)
     ax_walk.axis("off")
