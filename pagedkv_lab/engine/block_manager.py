@@ -189,7 +189,7 @@ class BlockManager:
             # A request with output tokens was preempted: counted apart.
             resumed = len(seq.token_ids) > seq.num_prompt_tokens
             self.prefix_cache.stats.record(seq.num_tokens, num_cached_tokens, resumed)
-        self._on_written(seq, num_cached_tokens + num_new_tokens)  # "scheduled" only, too
+        self._on_written(seq, num_cached_tokens + num_new_tokens)  # "scheduled" only
 
     def _written(self, seq: Sequence, first: int, num_new_tokens: int) -> tuple[range, int]:
         """Indices of ``seq``'s blocks that tokens ``first ..`` ``first +
