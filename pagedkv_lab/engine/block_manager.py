@@ -168,13 +168,13 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_cached_tokens: int, num_new_tokens: int,
                  reserve_tokens: int = 0) -> None:  # fmt: skip
         """Give a waiting sequence a block table: the cached blocks of its first
-        ``num_cached_tokens`` tokens (`num_cached_tokens`), then room for its next
-        ``num_new_tokens`` (and ``reserve_tokens`` at least: chapter 02's
-        reservation, for comparison)."""
+        ``num_cached_tokens`` tokens (as the method `num_cached_tokens` counts
+        them), then room for its next ``num_new_tokens`` (and ``reserve_tokens``
+        at least: chapter 02's reservation, for comparison)."""
         assert seq.block_table is None, f"sequence {seq.seq_id} already has blocks"
-        hits = self._hits(seq, num_cached_tokens)
+        hits = self._hits(seq, num_cached_tokens)  # PrefixCache.match's blocks
         for entry in hits:
-            if entry.block in self._filling:
+            if entry.block in self._filling:  # register="scheduled" only (below)
                 self._filling[entry.block] += 1
             if self.allocator.ref_counts[entry.block] == 0:
                 self.allocator.revive(entry.block)
@@ -185,11 +185,11 @@ class BlockManager:
         seq.block_table += [self.allocator.allocate()
                             for _ in range(reserved - len(hits))]  # fmt: skip
         if self.prefix_cache is not None:
-            self.prefix_cache.start(seq, hits)
+            self.prefix_cache.start(seq, hits)  # its chain of entries: the hits
             # A request with output tokens was preempted: counted apart.
             resumed = len(seq.token_ids) > seq.num_prompt_tokens
             self.prefix_cache.stats.record(seq.num_tokens, num_cached_tokens, resumed)
-        self._on_written(seq, num_cached_tokens + num_new_tokens)
+        self._on_written(seq, num_cached_tokens + num_new_tokens)  # "scheduled" only
 
     def _written(self, seq: Sequence, first: int, num_new_tokens: int) -> tuple[range, int]:
         """Indices of ``seq``'s blocks that tokens ``first ..`` ``first +
