@@ -148,8 +148,7 @@ def kv_budget(
     """Bytes left for the KV cache on a card that reports ``gpu_bytes``.
 
     ``overhead_fraction`` of that memory is kept for the CUDA context, activations
-    and allocator slack (on top of what ECC and the driver took before
-    ``gpu_bytes`` was counted), and the weights are subtracted. Negative when the
+    and allocator slack, and the weights are subtracted. Negative when the
     weights alone do not fit.
     """
     weights = count_parameters_from_config(config) * DTYPE_BYTES[weight_dtype]
