@@ -46,7 +46,7 @@ def _w1_caption(pool: str) -> str:
     return (
         f"The W1 trace: {w['num_requests']} chat requests arriving "
         f"{w['arrival_rate']} a step, at most {w['max_model_len']:,} tokens each, "
-        f"through {pool}. The same simulator and colours as the figure after it."
+        f"through {pool}. The same simulator and colours as the chapter's static figures."
     )
 
 
