@@ -12,7 +12,7 @@ course promises.
 
 An aside is a MyST ``dropdown`` or ``toggle`` directive (``:::{dropdown} ...``
 or a backtick fence); fenced code and HTML comments are not prose. A glued
-number counts as one word. ``python tests/test_reading.py`` prints the table.
+number counts as its glued text (a number is one word, a glued sentence all its words). ``python tests/test_reading.py`` prints the table.
 """
 
 import json
@@ -50,12 +50,37 @@ def main_line(markdown: str) -> str:
     return "\n".join(kept)
 
 
+def glued_text(cells: list[dict]) -> dict[str, str]:
+    """Each glued value's text as the page shows it (``{glue:md}`` sentences
+    are whole sentences a reader reads, not one word)."""
+    values = {}
+    for cell in cells:
+        for output in cell.get("outputs", []):
+            record = output.get("metadata", {}).get("scrapbook")
+            if not record:
+                continue
+            data = output.get("data", {})
+            text = [v for k, v in data.items() if k.endswith(("markdown", "plain"))]
+            value = "".join(text[0]) if text else ""
+            values[record["name"]] = value.strip("'\"")
+    return values
+
+
 def main_line_words(notebook: Path) -> int:
     cells = json.loads(notebook.read_text())["cells"]
     text = "\n".join(
         "".join(c["source"]) for c in cells if c["cell_type"] == "markdown"
     )
-    text = re.sub(r"\{glue:\w+\}`[^`]*`", "N", main_line(text))
+    values = glued_text(cells)
+
+    def value(match: re.Match) -> str:
+        return values.get(match.group(1), "N")
+
+    # a fenced {glue:md} block in the main line is prose too
+    text = re.sub(
+        r"^```\{glue(?::md)?\}\s*(\w+)[^`]*?^```", value, text, flags=re.M | re.S
+    )
+    text = re.sub(r"\{glue:\w+\}`([^`]*)`", value, main_line(text))
     return len(text.split())
 
 
