@@ -149,7 +149,7 @@ def kv_budget(
 
     ``overhead_fraction`` of that memory is kept for the CUDA context, activations
     and allocator slack, and the weights are subtracted. Negative when the
-    weights alone do not fit.
+    weights take more than the rest.
     """
     weights = count_parameters_from_config(config) * DTYPE_BYTES[weight_dtype]
     return int(gpu_bytes * (1 - overhead_fraction)) - weights

@@ -250,7 +250,8 @@ def gqa_bars(ax, names, actual_kib, mha_kib, group) -> None:
 
 def capacity_heatmap(ax, fit, rows, cols, *, no_fit: int = -1):
     """Full-length requests per (model, GPU), log colour scale; cells where the
-    weights do not fit are grey, zeros red. Returns the image, for a colour bar."""
+    weights exceed the share of the card kept for them are grey, zeros red.
+    Returns the image, for a colour bar."""
     ax.imshow(
         np.where(fit == no_fit, 1, 0), cmap="Greys", vmin=0, vmax=4, aspect="auto"
     )
@@ -261,13 +262,13 @@ def capacity_heatmap(ax, fit, rows, cols, *, no_fit: int = -1):
     for i in range(fit.shape[0]):
         for j in range(fit.shape[1]):
             v = fit[i, j]
-            label = "weights\ndon't fit" if v == no_fit else f"{v:,}"
+            label = "weights\n> 90%" if v == no_fit else f"{v:,}"
             color = "white" if v > 300 else ("#B00000" if v == 0 else "black")
             ax.text(j, i, label, ha="center", va="center", fontsize=10, color=color)
     ax.set_xticks(range(len(cols)), cols)
     ax.set_yticks(range(len(rows)), rows)
     ax.grid(False)
-    handles = [Patch(fc="#d9d9d9", label="fp16 weights alone exceed the card")]
+    handles = [Patch(fc="#d9d9d9", label="fp16 weights exceed 90% of the card")]
     if (fit == 0).any():
         handles.append(
             Patch(fc="white", ec="#999999", label="0: weights fit, no request")
@@ -275,7 +276,7 @@ def capacity_heatmap(ax, fit, rows, cols, *, no_fit: int = -1):
     ax.legend(
         handles=handles,
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.08),
+        bbox_to_anchor=(0.5, -0.16),
         ncol=2,
         fontsize=9,
     )
