@@ -271,11 +271,9 @@ def _launch_order(tiles_each: list[int], kv_heads: int, s: dict) -> list[int]:
 def predict_rung(rung: Rung, kind: str, shape: tuple[int, int],
                  heads: tuple[int, int, int] = (32, 8, 128), card: CardModel = H100_SXM,
                  resources: dict | None = None, itemsize: int = 2) -> dict:  # fmt: skip
-    """The model's time for ``rung`` at ``shape`` ((batch, context) in decode,
-    (prompts, tokens) in prefill) on ``card``: ``ms``, the binding term, the
-    occupancy. ``resources``: the compiled kernel's (``n_regs``, ``n_spills``,
-    ``shared``, and from the compile matrix ``programs_per_sm`` and
-    ``tensor_cores``: `bench.compile.rung_resources`), else estimated."""
+    """``rung``'s time at ``shape`` ((batch, context) or (prompts, tokens)) on
+    ``card``: ``ms``, bound, occupancy. ``resources``: `bench.compile.rung_resources`
+    (n_regs, n_spills, shared, programs_per_sm, tensor_cores), else estimated."""
     num_heads, kv_heads, d = heads
     group = num_heads // kv_heads
     seqs, length = shape
