@@ -423,13 +423,23 @@ def print_serve_notes(
     """The notes `print_serve_table` prints under a table: the TTFT and TPOT
     columns' unit (with ``ms``) and how peak KV is read for ``systems``; for
     printing them once under several tables."""
+    if ms:
+        _print_units_note(width)
+    _print_peak_kv_note(systems, width)
+
+
+def _print_units_note(width: int) -> None:
     import textwrap
 
-    if ms:
-        print(textwrap.fill(
-            "TTFT (time to first token) and TPOT (time per output token after the "
-            "first) in ms; 50, 90: percentiles over the requests.", width
-        ))  # fmt: skip
+    print(textwrap.fill(
+        "TTFT (time to first token) and TPOT (time per output token after the "
+        "first) in ms; 50, 90: percentiles over the requests.", width
+    ))  # fmt: skip
+
+
+def _print_peak_kv_note(systems: list[str] | tuple[str, ...], width: int) -> None:
+    import textwrap
+
     note = peak_kv_note(list(systems))
     print(textwrap.fill(note + ".", width, break_on_hyphens=False))
 
@@ -480,18 +490,14 @@ def print_serve_table(
             f"{r['peak_kv_MiB']:11.1f}"
         )
     if ms and notes:
-        print(textwrap.fill(
-            "TTFT (time to first token) and TPOT (time per output token after the "
-            "first) in ms; 50, 90: percentiles over the requests.", width
-        ))  # fmt: skip
+        _print_units_note(width)
     if r0["repeats"] > 1 and "ratio_min" in r0:
         spread = "; ".join(
             f"{r['system']} {r['ratio_min']:.2f}-{r['ratio_max']:.2f}" for r in rows[1:]
         )
         print(textwrap.fill(f"ratio per round, min-max: {spread}", width))
     if notes:
-        note = peak_kv_note([r["system"] for r in rows])
-        print(textwrap.fill(note + ".", width, break_on_hyphens=False))
+        _print_peak_kv_note([r["system"] for r in rows], width)
     for r in rows:
         if "batch_sizes" in r:
             sizes = r["batch_sizes"]
