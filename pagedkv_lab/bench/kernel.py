@@ -284,7 +284,8 @@ def print_kernel_table(rows: list[dict]) -> None:
         f"paged = {rows[0]['path']}, torch = PyTorch gather + SDPA"
         + (", first = the first Triton kernel" if has_first else ""),
         f"{str(rows[0]['dtype']).removeprefix('torch.')}; "
-        "ratios: time / contiguous SDPA's",
+        + ("ratios: time / contiguous SDPA's, except paged/in order"
+           if has_order else "ratios: time / contiguous SDPA's"),
         f"{'batch':>5} {'context':>7} {'contig ms':>10} {'paged ms':>9} "
         f"{'paged/contig':>12} {'torch/contig':>12}"
         + (f" {'first/contig':>12}" if has_first else "")
