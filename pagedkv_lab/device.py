@@ -109,8 +109,7 @@ def gpu_spec(device: torch.device | GPUSpec | None = None) -> GPUSpec | None:
 
 def supports_bf16(device: torch.device | GPUSpec | None = None) -> bool:
     """True on CUDA devices of compute capability 8.0 and later, whose tensor
-    cores multiply bfloat16 (never by asking `torch.cuda.is_bf16_supported`,
-    which counts bfloat16 done in software and says True on a T4)."""
+    cores multiply bfloat16."""
     spec = gpu_spec(device)
     return spec is not None and spec.capability >= (8, 0)
 
