@@ -1,7 +1,8 @@
 """The setup that opens every chapter notebook.
 
-`setup()` must run before anything imports Triton: without a CUDA device it
-sets ``TRITON_INTERPRET=1`` so that kernels run (slowly) on the CPU.
+`setup()` must run before any Triton kernel is defined (our kernel modules
+define theirs when imported): without a CUDA device it sets
+``TRITON_INTERPRET=1`` so that kernels run (slowly) on the CPU.
 """
 
 from __future__ import annotations
