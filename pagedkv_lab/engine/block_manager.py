@@ -173,14 +173,14 @@ class BlockManager:
         at least: chapter 02's reservation, for comparison)."""
         assert seq.block_table is None, f"sequence {seq.seq_id} already has blocks"
         hits = self._hits(seq, num_cached_tokens)  # PrefixCache.match's blocks
-        for entry in hits:
-            if entry.block in self._filling:  # register="scheduled" only (below)
-                self._filling[entry.block] += 1
-            if self.allocator.ref_counts[entry.block] == 0:
-                self.allocator.revive(entry.block)
+        for hit in hits:
+            if hit.block in self._filling:  # register="scheduled" only (below)
+                self._filling[hit.block] += 1
+            if self.allocator.ref_counts[hit.block] == 0:
+                self.allocator.revive(hit.block)
             else:
-                self.allocator.incref(entry.block)
-        seq.block_table = [e.block for e in hits]
+                self.allocator.incref(hit.block)
+        seq.block_table = [hit.block for hit in hits]
         reserved = self._blocks_for(max(num_cached_tokens + num_new_tokens, reserve_tokens))
         seq.block_table += [self.allocator.allocate()
                             for _ in range(reserved - len(hits))]  # fmt: skip

@@ -18,12 +18,9 @@ from pagedkv_lab.engine.sequence import Sequence
 def chained_hash(parent_key: int | None, tokens: tuple[int, ...], extra=None) -> int:
     """The key of a full block: it depends on every token before the block
     (through ``parent_key``) as well as its own, and on anything else that
-    changes its K/V (``extra``, e.g. a cache salt).
-
-    Python's ``hash`` of integers and tuples of integers is the same in every
-    process; ``hash(None)`` is not (before Python 3.12 it comes from an
-    address), so "no parent" and "no extra key" are spelled as integers.
-    """
+    changes its K/V (``extra``, e.g. a cache salt)."""
+    # "No parent" and "no extra key" are integers: hash(None) can differ
+    # between processes (before Python 3.12).
     parent = -1 if parent_key is None else parent_key
     return hash((parent, tokens, 0 if extra is None else extra))
 
