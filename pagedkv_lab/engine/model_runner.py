@@ -60,7 +60,7 @@ AttentionMaskInterface.register(ATTENTION_NAME, lambda *args, **kwargs: None)
 
 
 @contextlib.contextmanager
-def paged_attention(model: PreTrainedModel):
+def use_paged_attention(model: PreTrainedModel):
     """Run ``model`` with the paged attention inside the block, and restore it
     after: transformers reads ``config._attn_implementation`` at every forward,
     so switching it around our own forward passes leaves the user's model as
@@ -115,7 +115,7 @@ class TransformersForward:
         self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
 
     def __call__(self, step: StepInputs) -> torch.Tensor:
-        with paged_attention(self.model):
+        with use_paged_attention(self.model):
             out = self.model(
                 input_ids=step.input_ids[None],
                 position_ids=step.positions[None],

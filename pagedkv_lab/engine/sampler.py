@@ -273,6 +273,7 @@ class Sampler:
             return greedy
         x = batch.cut(logits / batch.temperature[:, None])
         u = upload(batch.uniforms(), torch.float64, logits.device)
+        # a draw per row, greedy its fallback if rounding slips; greedy rows keep it
         drawn = draw_tokens(x.softmax(-1), u, greedy)
         return torch.where(batch.is_random, drawn, greedy)
 
