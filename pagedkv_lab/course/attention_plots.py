@@ -5,6 +5,8 @@ numbers come from the caller (`pagedkv_lab.kernels`, `course.ladder`,
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
@@ -183,13 +185,16 @@ def plot_q_block_and_tiles(group: int, block_q: int, block_size: int, tile_n: in
 def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     """One panel per shape, one bar per measured rung
     (`bench.kernel.committed_ladder` rows): decode bars are GB/s of K/V against
-    the copy bandwidth (dashed), each labelled with its share of that bandwidth;
+    the copy bandwidth (dashed) and contiguous SDPA's GB/s at the same shape
+    (dotted, where a row gives both its GB/s and its time over SDPA's), each bar
+    labelled with its share of the copy bandwidth; every panel on one scale;
     prefill bars are time over causal SDPA (the line at 1; dotted, the course's
     goal `PREFILL_GOAL_OVER_SDPA`), each labelled with that ratio. Blue: a kernel
     timed as CUDA-graph replays; orange: the PyTorch path, timed as launched from
     Python (it reads lengths back to the host and cannot be captured). Only the
     rungs measured in some panel get a slot; the figure names the rungs that no
-    panel measured, and a slot a panel lacks says "not measured"."""
+    panel measured, and a slot a panel lacks says "not measured". A slot is
+    named by its rung's number and name."""
     rows = [r for r in rows if r["kind"] == kind]
     drawn = set()  # the bar colours used, so that the legend names only those
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
@@ -200,17 +205,18 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     # decode: two rows of two panels; prefill (many rungs): one panel a row
     ncols = 2 if kind == "decode" and len(shapes) == 4 else 1
     nrows = -(-len(shapes) // ncols)
-    height = (3.3 if ncols == 2 else 2.5) * nrows + 1.1
-    fig, axes = plt.subplots(nrows, ncols, figsize=(8, height),
-                             sharey=kind == "prefill", squeeze=False)  # fmt: skip
+    height = (3.8 if ncols == 2 else 2.9) * nrows + 1.1
+    fig, axes = plt.subplots(nrows, ncols, figsize=(8, height), sharey=True,
+                             squeeze=False)  # fmt: skip
     axes = [list(axes.flat)]
     ratio_key = "over_contiguous" if kind == "decode" else "over_causal_sdpa"
+    names = {r["rung"]: r.get("name", "") for r in rows}
+    ticks = [f"{i}\n" + "\n".join(textwrap.wrap(names[i], 10)) for i in shown]
+    top = max([r.get("copy_GBps") or 0 for r in rows] + [1])  # one scale for all
+    if kind == "prefill":
+        top = max([r.get(ratio_key) or 0 for r in rows] + [PREFILL_GOAL_OVER_SDPA])
     for ax, shape in zip(axes[0], shapes):
         mine = {r["rung"]: r for r in rows if r["shape"] == shape}
-        top = max([r.get("copy_GBps") or 0 for r in mine.values()] + [1])
-        if kind == "prefill":
-            top = max([r.get(ratio_key) or 0 for r in mine.values()]
-                      + [PREFILL_GOAL_OVER_SDPA])  # fmt: skip
         for i in shown:
             r, x = mine.get(i, {}), slot[i]
             value = r.get("GBps") if kind == "decode" else r.get(ratio_key)
@@ -234,6 +240,14 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
             copy = [r["copy_GBps"] for r in mine.values() if r.get("copy_GBps")]
             if copy:
                 ax.axhline(copy[0], color="black", ls="--", lw=1)
+            # SDPA's GB/s: a kernel row's GB/s times its time over SDPA's (the
+            # highest rung timed beside SDPA in one run, not a derived figure)
+            sdpa = [r["GBps"] * r[ratio_key] for _, r in sorted(mine.items())
+                    if r.get("measured") and not r.get("derived")
+                    and r.get("GBps") and r.get(ratio_key)]  # fmt: skip
+            if sdpa:
+                ax.axhline(sdpa[-1], color="black", ls=":", lw=1.2)
+                drawn.add("sdpa")
             ax.set_ylim(0, top * 1.45)
             ax.set_title(f"batch {shape[0]}, {shape[1]:,} tokens", fontsize=9)
         else:
@@ -241,8 +255,8 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
             ax.axhline(PREFILL_GOAL_OVER_SDPA, color="black", ls=":", lw=1)
             ax.set_ylim(0, top * 1.5)
             ax.set_title(f"{shape[0]} prompts x {shape[1]:,} tokens", fontsize=9)
-        ax.set_xticks(range(len(shown)), [str(i) for i in shown])
-        ax.tick_params(axis="x", labelsize=9)
+        ax.set_xticks(range(len(shown)), ticks)
+        ax.tick_params(axis="x", labelsize=8)
         ax.set_xlim(-0.6, len(shown) - 0.4)
         ax.set_xlabel("rung")
         ax.grid(axis="x", visible=False)
@@ -256,6 +270,9 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     handles.append(line)
     labels.append("copy bandwidth (bar labels: share of it)" if kind == "decode"
                   else "causal SDPA (bar labels: time over it)")  # fmt: skip
+    if "sdpa" in drawn:
+        handles.append(plt.Line2D([], [], color="black", ls=":", lw=1.2))
+        labels.append("contiguous SDPA's GB/s")
     if kind == "prefill":
         handles.append(plt.Line2D([], [], color="black", ls=":", lw=1))
         labels.append(f"goal: {PREFILL_GOAL_OVER_SDPA}x (geometric mean)")
