@@ -65,11 +65,13 @@ def kernel_section(
     block_sizes=BLOCK_SIZES,
     repeats: int | None = None,
     dtypes=None,
+    grid_block_size: int = 16,
 ) -> dict:
     """S1 and the bandwidth ceiling: `bench.kernel_benchmark` over the grid in
-    each of ``dtypes`` (default: fp32 on a CPU, fp16 and bf16 on a GPU), each
-    row's achieved bandwidth beside the copy bandwidth; then one shape timed at
-    every block size, in the first of ``dtypes``."""
+    each of ``dtypes`` (default: fp32 on a CPU, fp16 and bf16 on a GPU), paged
+    in blocks of ``grid_block_size`` tokens, each row's achieved bandwidth beside
+    the copy bandwidth; then one shape timed at every block size, in the first
+    of ``dtypes``."""
     batch_sizes = batch_sizes or by_device((1, 8, 32), (1, 8, 64, 256), device)
     context_lens = context_lens or by_device(
         (128, 512, 2048, 4096), (128, 1024, 4096, 16384, 32768), device
@@ -79,9 +81,11 @@ def kernel_section(
     rows = []
     for dtype in dtypes:
         for row in kernel_benchmark(
-            device, batch_sizes, context_lens, dtype=dtype, repeats=repeats
+            device, batch_sizes, context_lens, dtype=dtype, repeats=repeats,
+            block_size=grid_block_size,
         ):
             row["dtype"] = str(dtype).removeprefix("torch.")
+            row["block_size"] = grid_block_size
             rows.append(row)
     copy = copy_bandwidth(device)
     for row in rows:
@@ -136,9 +140,11 @@ def plot_kernel_bandwidth(kernel: dict, path: str | None = None):
         loc="lower center",
         ncol=3,
     )
+    blocks = {r.get("block_size") for r in rows} - {None}
+    paging = f", blocks of {blocks.pop()}" if len(blocks) == 1 else ""
     fig.suptitle(
         f"Decode attention: K/V bandwidth reached against the copy ceiling "
-        f"({rows[0]['dtype']})"
+        f"({rows[0]['dtype']}{paging})"
     )
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     if path:
