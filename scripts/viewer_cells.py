@@ -5,8 +5,10 @@
 
 Each chapter gets a markdown cell and a code cell, both tagged ``pool-viewer``,
 right after its existing widget cell (the cell that calls the chapter's
-ipywidgets viewer). Running it again updates those cells in place (and moves
-them back after the widget cell), so it can be re-run on rewritten chapters.
+ipywidgets viewer). Running it again updates the code cell in place (and moves
+both back after the widget cell), so it can be re-run on rewritten chapters; a
+markdown cell already there is kept as it is, since chapters rewrite their
+viewer's introduction by hand (the generated one is only a first draft).
 The code cells' outputs are cleared: execute the chapter afterwards
 (``jupyter nbconvert`` with the Makefile's EXECUTE options, or ``make execute``).
 """
@@ -102,7 +104,9 @@ def update(notebook: dict, chapter: str) -> dict:
     new = viewer_cells(chapter)
     for k, cell in enumerate(new):
         same = [c for c in old if c["cell_type"] == cell["cell_type"]]
-        if same and "".join(same[0]["source"]) == "".join(cell["source"]):
+        if same and cell["cell_type"] == "markdown":
+            new[k] = same[0]  # the chapter's own words about its viewer
+        elif same and "".join(same[0]["source"]) == "".join(cell["source"]):
             new[k] = same[0]  # unchanged: keep its id, and its outputs
         else:
             cell["id"] = (
