@@ -273,7 +273,8 @@ class Sampler:
             return greedy
         x = batch.cut(logits / batch.temperature[:, None])
         u = upload(batch.uniforms(), torch.float64, logits.device)
-        # a draw per row, greedy its fallback if rounding slips; greedy rows keep it
+        # each random row draws its token with its u (`greedy` stands in only if
+        # rounding lands on a token of probability 0); greedy rows keep the argmax
         drawn = draw_tokens(x.softmax(-1), u, greedy)
         return torch.where(batch.is_random, drawn, greedy)
 
