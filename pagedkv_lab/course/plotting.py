@@ -225,24 +225,37 @@ def _fit_xlim_to_texts(ax, *, right: float) -> None:
 def gqa_bars(ax, names, actual_kib, mha_kib, group) -> None:
     """Each model's KV bytes per token as shipped and as it would be with one KV
     head per query head, on a linear axis (a bar's length is its bill, so a GQA
-    factor of 8 shows as a bar an eighth as long), labelled with the GQA factor;
-    legend below."""
+    factor of 8 shows as a bar an eighth as long), every bar labelled with its
+    value and the GQA factor; legend below. A grey bar more than twice as long as
+    every other bar is cut at the axis's edge, its value written on it, so that
+    the small bars stay visible."""
     y = np.arange(len(names))
-    ax.barh(
+    others = max([*sorted(mha_kib)[:-1], *actual_kib])
+    cap = 1.5 * others if max(mha_kib) > 2 * others else max(mha_kib)
+    grey = ax.barh(
         y - 0.2,
-        mha_kib,
+        [min(m, cap) for m in mha_kib],
         height=0.4,
         color="#9E9E9E",
         label="if every query head had its own KV head",
     )
     ax.barh(y + 0.2, actual_kib, height=0.4, color=COLORS["used"], label="as shipped")
-    pad = 0.01 * max(mha_kib)
-    for i, (v, g) in enumerate(zip(actual_kib, group)):
+    pad = 0.01 * cap
+    for i, (v, m, g) in enumerate(zip(actual_kib, mha_kib, group)):
         note = f"{v:.0f} KiB" + (f", {g}x less" if g > 1 else ", no GQA")
         ax.text(v + pad, i + 0.2, note, va="center", fontsize=9)
+        if g > 1 and m <= cap:
+            ax.text(m + pad, i - 0.2, f"{m:,.0f} KiB", va="center", fontsize=8,
+                    color="#616161")  # fmt: skip
     ax.set_yticks(list(y), names)
     ax.set_xlim(left=0)
-    _fit_xlim_to_texts(ax, right=max(mha_kib) * 1.02)
+    _fit_xlim_to_texts(ax, right=cap * 1.02)
+    right = ax.get_xlim()[1]
+    for i, m in enumerate(mha_kib):
+        if m > cap:  # cut at the edge, its value on it
+            grey[i].set_width(right)
+            ax.text(right - pad, i - 0.2, f"{m:,.0f} KiB (bar cut)", ha="right",
+                    va="center", fontsize=8, color="white")  # fmt: skip
     ax.invert_yaxis()
     ax.set_xlabel("KV cache per token, fp16 (KiB)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=9)

@@ -11,14 +11,12 @@ from dataclasses import dataclass, field
 import torch
 
 
+# eq=False: compare (and hash) by identity; a field-by-field == would compare
+# tensors element by element, which gives no single True or False
 @dataclass(eq=False)
 class AttentionMetadata:
-    """One batch's metadata, read by every path ``(q, k_cache, v_cache, meta,
-    scale)``: block tables ``[num_seqs, max_blocks]`` int32 (int64 taken too)
-    padded with -1; context lengths ``[num_seqs]``, this step's tokens included;
-    query offsets ``[num_seqs + 1]`` (prefill) or None (decode, one query per
-    sequence); a workspace dict of buffers kept between calls (pass the same
-    one every step)."""
+    """What every path ``(q, k_cache, v_cache, meta, scale)`` reads for one batch.
+    Block tables may be int32 or int64; pass the same workspace every step."""
 
     block_tables: torch.Tensor
     context_lens: torch.Tensor
@@ -87,9 +85,12 @@ class AttentionMetadata:
         if not len(lens):
             return
         num_blocks, block_size = k_cache.shape[:2]
-        if int(lens.min()) < 1 or int(lens.max()) > tables.shape[1] * block_size:
+        most = tables.shape[1] * block_size  # what a row of the block table holds
+        if int(lens.min()) < 1 or int(lens.max()) > most:
+            i = int(((lens < 1) | (lens > most)).nonzero()[0])  # the first bad one
             raise ValueError(
-                "every context length must be >= 1 and fit the sequence's block table"
+                f"context_lens[{i}] is {int(lens[i])}: every context length must be "
+                f">= 1 and fit the sequence's block table (at most {most} tokens)"
             )
         # the blocks each sequence reads must exist (padding past them may be -1)
         blocks = (lens.to(tables.device) + block_size - 1) // block_size
