@@ -153,14 +153,18 @@ def trace_json(trace: dict) -> str:
     return text.replace("</", "<\\/")
 
 
-def site_html(trace: dict) -> str:
+FALLBACK = "a static figure of the same simulation is in this chapter."
+
+
+def site_html(trace: dict, fallback: str | None = None) -> str:
     """The page's part of a viewer output: the trace, in a ``div`` that
-    ``poolviewer.js`` mounts (and a line for a page without JavaScript)."""
+    ``poolviewer.js`` mounts (and a line for a page without JavaScript, ending in
+    ``fallback``: where the chapter's static figure is)."""
     name = html.escape(trace["name"])
     return (
         f'<div class="pkv-viewer" data-viewer="{name}">'
-        '<p class="pkv-fallback">This viewer needs JavaScript; a static figure of '
-        "the same simulation is in this chapter.</p>"
+        '<p class="pkv-fallback">This viewer needs JavaScript; '
+        f"{html.escape(fallback or FALLBACK)}</p>"
         f'<script type="application/json" class="pkv-trace">{trace_json(trace)}'
         "</script></div>"
     )
@@ -192,9 +196,11 @@ def _widget_class():
         wanted = traitlets.Unicode("").tag(sync=True)
         error = traitlets.Unicode("").tag(sync=True)
 
-        def __init__(self, viewer: Viewer, site: dict | None = None):
+        def __init__(
+            self, viewer: Viewer, site: dict | None = None, fallback: str | None = None
+        ):
             super().__init__(trace=trace_json(viewer.trace(live=True)))
-            self._viewer, self._site = viewer, site
+            self._viewer, self._site, self._fallback = viewer, site, fallback
 
         @property
         def runs(self) -> list[dict]:
@@ -232,7 +238,7 @@ def _widget_class():
             data = data[0] if isinstance(data, tuple) else data
             data["text/plain"] = repr(self)
             if self._site is not None:
-                data["text/html"] = site_html(self._site)
+                data["text/html"] = site_html(self._site, self._fallback)
             return data, {VIEWER_OUTPUT: self._viewer.name}
 
         def __repr__(self) -> str:
@@ -243,14 +249,15 @@ def _widget_class():
     return PoolViewerWidget
 
 
-def viewer_widget(viewer: Viewer, site: bool = True):
+def viewer_widget(viewer: Viewer, site: bool = True, fallback: str | None = None):
     """The live widget of ``viewer``; with ``site``, its output also carries the
-    page's trace (every setting of the site's grid, computed now)."""
-    return _widget_class()(viewer, viewer.trace() if site else None)
+    page's trace (every setting of the site's grid, computed now) and, for a page
+    without JavaScript, ``fallback``: where the chapter's static figure is."""
+    return _widget_class()(viewer, viewer.trace() if site else None, fallback)
 
 
-def show(viewer: Viewer) -> None:
+def show(viewer: Viewer, fallback: str | None = None) -> None:
     """Display ``viewer``: live in a notebook, replayed on the site."""
     from IPython.display import display
 
-    display(viewer_widget(viewer))
+    display(viewer_widget(viewer, fallback=fallback))

@@ -267,12 +267,17 @@ def preemption_viewer() -> Viewer:
 
 def show_contiguous_viewer() -> None:
     """Chapter 02's viewer, live in a notebook and replayed on the site."""
-    show(contiguous_viewer())
+    where = 'one moment of it, frozen, is in the "Going deeper" aside below.'
+    show(contiguous_viewer(), fallback=where)
 
 
 def show_paging_viewer() -> None:
     """Chapter 03's viewer: contiguous beside paged, on one trace."""
-    show(paging_viewer())
+    where = (
+        "one moment of a smaller paged trace, frozen, is in the "
+        '"Going deeper" aside below.'
+    )
+    show(paging_viewer(), fallback=where)
 
 
 def show_beam_viewer() -> None:
