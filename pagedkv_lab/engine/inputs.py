@@ -62,7 +62,7 @@ def attend(step: StepInputs, layer_idx: int, q: torch.Tensor,
     in the cache: ``q`` is ``[num_tokens, heads, head_dim]`` (any row strides),
     and so is the result. The decode rows and the prefill rows (causal, every
     sequence at once) each take one call of the step's attention path
-    (``step.attention``, `attention_backend`'s choice)."""
+    (``step.attention``, the kernel the runner chose for its device)."""
     k_cache, v_cache, attention = *step.kv_cache.layers[layer_idx], step.attention
     if step.prefill is None:  # pure decode: one query per sequence, in order
         return attention(q, k_cache, v_cache, step.decode, scale)
