@@ -4,7 +4,7 @@ continuous batching), the KV blocks held over time, and each step's time while
 a long prompt is prefilled whole or in chunks.
 
 A timeline is a list of steps; each step is a dict with ``tokens`` (request
-index -> tokens computed in that step), ``idle`` (requests that hold a slot
+index -> tokens computed in that step), ``idle`` (requests that hold a batch place
 and blocks but compute nothing: finished members of a static batch) and
 ``blocks`` (KV blocks held during the step's forward pass).
 """
@@ -27,7 +27,7 @@ def static_timeline(
     requests in order, ``batch_size`` at a time; a batch prefills its prompts
     in one step, then decodes until its longest request is done. A finished
     request leaves the batch's forward passes but keeps its blocks (freed when
-    the batch ends) and its slot (nobody takes it)."""
+    the batch ends) and its place in the batch (nobody takes it)."""
     steps = []
     for start in range(0, len(prompt_lens), batch_size):
         batch = range(start, min(start + batch_size, len(prompt_lens)))
@@ -75,7 +75,7 @@ def record_steps(llm, prompts, params) -> tuple[list, list[dict]]:
 
 def timeline_matrix(steps: list[dict], num_requests: int, prompt_lens) -> np.ndarray:
     """``[request, step]`` -> `WAITING`, `PREFILL` (computing prompt tokens),
-    `DECODE`, `IDLE` (holding a slot, computing nothing) or `DONE`."""
+    `DECODE`, `IDLE` (holding a place in the batch, computing nothing) or `DONE`."""
     grid = np.full((num_requests, len(steps)), WAITING, dtype=np.int8)
     computed = [0] * num_requests
     last = [-1] * num_requests
@@ -112,7 +112,8 @@ def plot_batching(
     n = len(prompt_lens)
     width = max(len(static), len(continuous))
     palette = ["#f4f4f4", COLORS["internal"], COLORS["used"], "#bbbbbb", "#ffffff"]
-    names = ["waiting", "prefill", "decode", "finished, slot and blocks held", "done"]
+    names = ["waiting", "prefill", "decode", "finished, batch place and blocks held",
+             "done"]  # fmt: skip
     fig, axes = plt.subplots(
         3, 1, figsize=(7, 6.6), sharex=True, height_ratios=[1, 1, 0.8]
     )
@@ -127,9 +128,11 @@ def plot_batching(
         ax.tick_params(labelsize=10)
         ax.yaxis.label.set_size(11)
         ax.grid(False)
-    handles = [Patch(color=c, label=t) for c, t in zip(palette[:4], names[:4])]
+    # edged patches, so that the palest (waiting) and white (done) show
+    handles = [Patch(facecolor=c, edgecolor="#999999", label=t)
+               for c, t in zip(palette, names)]  # fmt: skip
     axes[0].legend(
-        handles=handles, ncol=2, fontsize=10, loc="lower left", bbox_to_anchor=(0, 1.12)
+        handles=handles, ncol=3, fontsize=10, loc="lower left", bbox_to_anchor=(0, 1.12)
     )
     ax = axes[2]
     for steps, label, color in ((static, "static", SERIES[1]), (continuous, "continuous", SERIES[0])):

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 
-# eq=False: compare (and hash) by identity; a field-by-field == would compare
-# tensors element by element, which gives no single True or False
+# eq=False: compare by identity (tensors have no single ==)
 @dataclass(eq=False)
 class AttentionMetadata:
     """What every path ``(q, k_cache, v_cache, meta, scale)`` reads for one batch.
