@@ -182,7 +182,8 @@ def plot_q_block_and_tiles(group: int, block_q: int, block_size: int, tile_n: in
     return fig
 
 
-def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
+def plot_ladder(rows: list[dict], kind: str = "decode", title: str = "",
+                notes: dict | None = None):
     """One panel per shape, one bar per measured rung
     (`bench.kernel.committed_ladder` rows): decode bars are GB/s of K/V against
     the copy bandwidth (dashed) and contiguous SDPA's GB/s at the same shape
@@ -194,7 +195,9 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     Python (it reads lengths back to the host and cannot be captured). Only the
     rungs measured in some panel get a slot; the figure names the rungs that no
     panel measured, and a slot a panel lacks says "not measured". A slot is
-    named by its rung's number and name."""
+    named by its rung's number and name. A decode rung with only a bound on its
+    time (``at_least``) is an outlined bar at the most GB/s that bound allows.
+    ``notes`` maps (rung, shape) to words added to that bar's label."""
     rows = [r for r in rows if r["kind"] == kind]
     drawn = set()  # the bar colours used, so that the legend names only those
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
@@ -217,9 +220,23 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
         top = max([r.get(ratio_key) or 0 for r in rows] + [PREFILL_GOAL_OVER_SDPA])
     for ax, shape in zip(axes[0], shapes):
         mine = {r["rung"]: r for r in rows if r["shape"] == shape}
+        # SDPA's GB/s: a kernel row's GB/s times its time over SDPA's (the
+        # highest rung timed beside SDPA in one run, not a derived figure)
+        sdpa = [r["GBps"] * r[ratio_key] for _, r in sorted(mine.items())
+                if r.get("measured") and not r.get("derived")
+                and r.get("GBps") and r.get(ratio_key)]  # fmt: skip
+        copy = [r["copy_GBps"] for r in mine.values() if r.get("copy_GBps")]
         for i in shown:
             r, x = mine.get(i, {}), slot[i]
             value = r.get("GBps") if kind == "decode" else r.get(ratio_key)
+            if r.get("at_least") and kind == "decode" and sdpa and copy:
+                most = sdpa[-1] / r["at_least"]  # time >= bound x SDPA's
+                ax.bar(x, most, fill=False, edgecolor=MEASURED_KERNEL, ls="--",
+                       width=0.7)  # fmt: skip
+                drawn.add("bound")
+                ax.text(x, most - top * 0.02, f"at\nmost\n{most / copy[0]:.0%}",
+                        ha="center", va="top", fontsize=8)  # fmt: skip
+                continue
             if not r.get("measured") or value is None:
                 note = (f"time >= {r['at_least']:.2f}x\nSDPA's (sweep's best)"
                         if r.get("at_least") else "not measured")  # fmt: skip
@@ -232,23 +249,19 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
             label = f"{r[ratio_key]:.2f}x"
             if kind == "decode":  # the axis's own quantity: a share of the copy
                 label = f"{value / r['copy_GBps']:.0%}" if r.get("copy_GBps") else ""
+            if (notes or {}).get((i, shape)):
+                label += f", {notes[(i, shape)]}"
             inside = value > top * 0.3  # the label inside a tall bar, else above it
             ax.text(x, value + (-1 if inside else 1) * top * 0.02, label,
                     ha="center", va="top" if inside else "bottom", fontsize=9,
                     rotation=90, color="white" if inside else "black")  # fmt: skip
         if kind == "decode":
-            copy = [r["copy_GBps"] for r in mine.values() if r.get("copy_GBps")]
             if copy:
                 ax.axhline(copy[0], color="black", ls="--", lw=1)
-            # SDPA's GB/s: a kernel row's GB/s times its time over SDPA's (the
-            # highest rung timed beside SDPA in one run, not a derived figure)
-            sdpa = [r["GBps"] * r[ratio_key] for _, r in sorted(mine.items())
-                    if r.get("measured") and not r.get("derived")
-                    and r.get("GBps") and r.get(ratio_key)]  # fmt: skip
             if sdpa:
                 ax.axhline(sdpa[-1], color="black", ls=":", lw=1.2)
                 drawn.add("sdpa")
-            ax.set_ylim(0, top * 1.45)
+            ax.set_ylim(0, top * 1.12)
             ax.set_title(f"batch {shape[0]}, {shape[1]:,} tokens", fontsize=9)
         else:
             ax.axhline(1.0, color="black", ls="--", lw=1)
@@ -273,18 +286,23 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = ""):
     if "sdpa" in drawn:
         handles.append(plt.Line2D([], [], color="black", ls=":", lw=1.2))
         labels.append("contiguous SDPA's GB/s")
+    if "bound" in drawn:
+        handles.append(Rectangle((0, 0), 1, 1, fill=False, ls="--",
+                                 edgecolor=MEASURED_KERNEL))  # fmt: skip
+        labels.append("not timed alone: the most its bound allows")
     if kind == "prefill":
         handles.append(plt.Line2D([], [], color="black", ls=":", lw=1))
         labels.append(f"goal: {PREFILL_GOAL_OVER_SDPA}x (geometric mean)")
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9,
                bbox_to_anchor=(0.5, 0.0))  # fmt: skip
+    above = 0.2 * -(-len(handles) // 2) + 0.05  # inches: the legend's rows
     if never:
-        fig.text(0.5, 0.45 / fig.get_figheight(),
+        fig.text(0.5, above / fig.get_figheight(),
                  f"not yet measured on a GPU, so not drawn: rungs {_spans(never)}",
                  ha="center", va="bottom", fontsize=9, color="#555555")  # fmt: skip
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.8 / fig.get_figheight(), 1, 1))
+    fig.tight_layout(rect=(0, (above + 0.35) / fig.get_figheight(), 1, 1))
     return fig
 
 
