@@ -113,6 +113,16 @@ def test_each_cell_prints_one_block(notebook):
     assert not split, "print a table once (join its lines):\n" + "\n".join(split)
 
 
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_every_cell_has_its_own_id(notebook):
+    """nbformat 4.5 cells carry an id (a cell inserted by hand may lack one, which
+    nbformat warns about and the book build reports); ids must not repeat."""
+    ids = [cell.get("id") for cell in json.loads(notebook.read_text())["cells"]]
+    missing = [i for i, cell_id in enumerate(ids) if not cell_id]
+    assert not missing, f"cells without an id: {missing}"
+    assert len(set(ids)) == len(ids), "two cells share an id"
+
+
 @pytest.mark.parametrize(
     "path",
     PAGES + SOLUTIONS,
