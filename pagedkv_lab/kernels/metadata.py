@@ -17,10 +17,10 @@ class AttentionMetadata:
     """What every path ``(q, k_cache, v_cache, meta, scale)`` reads for one batch.
     Block tables may be int32 or int64; pass the same workspace every step."""
 
-    block_tables: torch.Tensor
-    context_lens: torch.Tensor
-    query_start_loc: torch.Tensor | None = None
-    workspace: dict = field(default_factory=dict)
+    block_tables: torch.Tensor  # [num_seqs, max_blocks], padded with -1
+    context_lens: torch.Tensor  # [num_seqs], this step's tokens included
+    query_start_loc: torch.Tensor | None = None  # [num_seqs + 1]; None: decode
+    workspace: dict = field(default_factory=dict)  # buffers kept between calls
 
     @property
     def num_seqs(self) -> int:
