@@ -735,7 +735,7 @@ def parse_tune_prefill_lines(text: str) -> dict:
 REPORT_DECODE_SOURCES = {
     "PyTorch gather + SDPA": ("kernel_decode_after.txt", "torch_over_contiguous"),
     "first kernel": ("kernel_decode_after.txt", "first_triton_over_contiguous"),
-    "split-KV segments": ("kernel_decode_before.txt", "paged_over_contiguous"),
+    "tiled kernel": ("kernel_decode_before.txt", "paged_over_contiguous"),
     "128-key tiles": ("kernel_tune.txt", (128, 2, 4, None)),
     "one fused merge": ("kernel_decode_after.txt", "paged_over_contiguous"),
 }

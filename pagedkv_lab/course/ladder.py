@@ -107,7 +107,7 @@ DECODE_LADDER = [
          "(far under the ridge); fewer registers and instructions than the "
          "broadcast products", options=dict(tile_sizes=(16, 64), fused_merge=False,
                                             **_EVERY_TILE), split="partitions"),
-    Rung("split-KV segments", "segments sized so that the grid covers every "
+    Rung("tiled kernel", "segments sized so that the grid covers every "
          "multiprocessor twice, not 512-token partitions", "faster at small "
          "batches, where programs were too few to keep the memory busy; no change "
          "where the batch fills the GPU", options=dict(
