@@ -289,7 +289,7 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = "",
     if "bound" in drawn:
         handles.append(Rectangle((0, 0), 1, 1, fill=False, ls="--",
                                  edgecolor=MEASURED_KERNEL))  # fmt: skip
-        labels.append("not timed alone: the most its bound allows")
+        labels.append("timed only in a sweep: at most this")
     if kind == "prefill":
         handles.append(plt.Line2D([], [], color="black", ls=":", lw=1))
         labels.append(f"goal: {PREFILL_GOAL_OVER_SDPA}x (geometric mean)")
