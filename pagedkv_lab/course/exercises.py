@@ -400,8 +400,9 @@ def check_preemptions(fn: Callable) -> bool:
         (
             "run the simulator on the exercise's trace and pool, and read the "
             "preemptions off its result.",
-            "simulate(chat_workload(150, seed=0, arrival_rate=1.0), "
-            "PagedPool(512, 16, 2048, watermark=watermark)).preemptions",
+            "simulate(chat_workload(150, seed=0, arrival_rate=1.0), PagedPool("
+            "num_blocks=512, block_size=16, max_model_len=2048, watermark=watermark)"
+            ").preemptions",
         ),
     )
 
