@@ -123,6 +123,23 @@ def test_every_cell_has_its_own_id(notebook):
     assert len(set(ids)) == len(ids), "two cells share an id"
 
 
+MAX_CELL_LINES = 60  # a longer cell is split, or its class built method by method
+
+
+def long_cells(notebook: Path, limit: int = MAX_CELL_LINES) -> list[str]:
+    """Every code cell of ``notebook`` with more than ``limit`` source lines."""
+    cells = json.loads(notebook.read_text())["cells"]
+    return [f"cell {i} ({n} lines)" for i, cell in enumerate(cells)
+            if cell["cell_type"] == "code"
+            and (n := len(_text(cell["source"]).splitlines())) > limit]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_no_code_cell_is_longer_than_a_screen(notebook):
+    long = long_cells(notebook)
+    assert not long, f"code cells over {MAX_CELL_LINES} lines: " + ", ".join(long)
+
+
 @pytest.mark.parametrize(
     "path",
     PAGES + SOLUTIONS,
@@ -156,6 +173,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path):
     wide = wide_lines(path)
     assert len(wide) == 2 and "code" in wide[0] and "output 3" in wide[1]
     assert len(split_tables(path)) == 1
+    assert long_cells(path) == [] and long_cells(path, limit=1) == ["cell 0 (2 lines)"]
 
 
 # ---- cross-references between pages ------------------------------------------------
