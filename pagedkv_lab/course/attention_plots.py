@@ -15,6 +15,7 @@ from pagedkv_lab.course.plotting import COLORS, SERIES
 #: The ladder's colours, one meaning each in every panel.
 MEASURED_KERNEL = SERIES[0]  # a kernel timed as CUDA-graph replays
 MEASURED_LAUNCHED = SERIES[1]  # the PyTorch path, timed as launched from Python
+SDPA_LINE = SERIES[2]  # contiguous SDPA, coloured apart from the copy's black line
 #: The course's goal for the prefill kernel: the geometric mean over the ladder's
 #: shapes of its time over causal SDPA (whichever backend PyTorch dispatches to;
 #: the ladder run records it) at most 1.10, the check `scripts/kernel_ladder.py`
@@ -186,8 +187,8 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = "",
                 notes: dict | None = None):
     """One panel per shape, one bar per measured rung
     (`bench.kernel.committed_ladder` rows): decode bars are GB/s of K/V against
-    the copy bandwidth (dashed) and contiguous SDPA's GB/s at the same shape
-    (dotted, where a row gives both its GB/s and its time over SDPA's), each bar
+    the copy bandwidth (black, dashed) and contiguous SDPA's GB/s at the same shape
+    (green, dotted, where a row gives both its GB/s and its time over SDPA's), each bar
     labelled with its share of the copy bandwidth; every panel on one scale;
     prefill bars are time over causal SDPA (the line at 1; dotted, the course's
     goal `PREFILL_GOAL_OVER_SDPA`), each labelled with that ratio. Blue: a kernel
@@ -259,7 +260,7 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = "",
             if copy:
                 ax.axhline(copy[0], color="black", ls="--", lw=1)
             if sdpa:
-                ax.axhline(sdpa[-1], color="black", ls=":", lw=1.2)
+                ax.axhline(sdpa[-1], color=SDPA_LINE, ls=":", lw=2.2)
                 drawn.add("sdpa")
             ax.set_ylim(0, top * 1.12)
             ax.set_title(f"batch {shape[0]}, {shape[1]:,} tokens", fontsize=9)
@@ -284,7 +285,7 @@ def plot_ladder(rows: list[dict], kind: str = "decode", title: str = "",
     labels.append("copy bandwidth (bar labels: share of it)" if kind == "decode"
                   else "causal SDPA (bar labels: time over it)")  # fmt: skip
     if "sdpa" in drawn:
-        handles.append(plt.Line2D([], [], color="black", ls=":", lw=1.2))
+        handles.append(plt.Line2D([], [], color=SDPA_LINE, ls=":", lw=2.2))
         labels.append("contiguous SDPA's GB/s")
     if "bound" in drawn:
         handles.append(Rectangle((0, 0), 1, 1, fill=False, ls="--",
